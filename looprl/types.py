@@ -1,0 +1,170 @@
+"""The plain data that flows between looprl's parts.
+
+Owns: sampling parameters, one engine generation, one recorded gateway call
+(Interaction) and one training sample (Trajectory). Holds no behaviour beyond
+validation of its own invariants; every other part imports from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """How an engine samples one sequence.
+
+    `temperature == 0` means greedy. `top_k == 0` and `top_p == 1` mean no truncation.
+    Generation stops at `max_new_tokens`, at any id in `stop_token_ids` (kept in the
+    output, as the policy sampled it), or when the decoded text contains one of `stop`
+    (the tokens stay in the output; the gateway trims the text it returns).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+
+@dataclass
+class Generation:
+    """What an engine returns for one prompt.
+
+    `logprobs[i]` is the log-probability of `output_ids[i]` under the distribution it
+    was sampled from (after temperature, top-k and top-p; for greedy, under the
+    untempered model distribution). `versions[i]` is the policy version of the weights
+    that produced `output_ids[i]`. `top_logprobs[i]` lists (token id, logprob) pairs of
+    the most likely tokens at step i when asked for.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"Generation has {n} output ids but {len(self.logprobs)} logprobs and "
+                f"{len(self.versions)} versions; they must be equal"
+            )
+
+
+@dataclass
+class Interaction:
+    """One model call recorded on a gateway session (one choice of one request)."""
+
+    completion_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    output_text: str = ""
+    reward: float | None = None
+
+    @classmethod
+    def from_generation(cls, completion_id: str, gen: Generation, text: str = "") -> Interaction:
+        return cls(
+            completion_id=completion_id,
+            prompt_ids=list(gen.prompt_ids),
+            output_ids=list(gen.output_ids),
+            logprobs=list(gen.logprobs),
+            versions=list(gen.versions),
+            finish_reason=gen.finish_reason,
+            output_text=text,
+        )
+
+
+@dataclass
+class Trajectory:
+    """One training sample: a token sequence and which of its tokens the policy sampled.
+
+    All tensors are 1-D of length T and aligned with `input_ids`: position t describes
+    token `input_ids[t]`. `loss_mask[t]` is True exactly where the policy sampled the
+    token; `behavior_logprobs[t]` is the engine's logprob of that token (0 elsewhere)
+    and `versions[t]` the policy version that sampled it (-1 elsewhere).
+    """
+
+    input_ids: torch.Tensor  # (T,) int64
+    loss_mask: torch.Tensor  # (T,) bool, contiguous
+    behavior_logprobs: torch.Tensor  # (T,) float32
+    versions: torch.Tensor  # (T,) int64
+    reward: float
+    group_id: str = ""
+    session_id: str = ""
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        t = self.input_ids.shape
+        for name in ("loss_mask", "behavior_logprobs", "versions"):
+            value = getattr(self, name)
+            if value.shape != t:
+                raise ValueError(f"Trajectory.{name} has shape {tuple(value.shape)}, "
+                                 f"input_ids has {tuple(t)}")
+        if self.loss_mask.dtype != torch.bool or not self.loss_mask.is_contiguous():
+            raise ValueError("Trajectory.loss_mask must be a contiguous bool tensor")
+        if not bool(self.loss_mask.any()):
+            raise ValueError("Trajectory.loss_mask has no sampled token; nothing to train on")
+        if bool(self.loss_mask[0]):
+            raise ValueError("Trajectory.loss_mask[0] is True; the first token is never sampled")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def oldest_version(self) -> int:
+        return int(self.versions[self.loss_mask].min())
+
+    def to_json(self) -> dict:
+        return {
+            "input_ids": self.input_ids.tolist(),
+            "loss_mask": self.loss_mask.int().tolist(),
+            "behavior_logprobs": self.behavior_logprobs.tolist(),
+            "versions": self.versions.tolist(),
+            "reward": self.reward,
+            "group_id": self.group_id,
+            "session_id": self.session_id,
+            "text": self.text,
+        }
+
+    @classmethod
+    def from_json(cls, row: dict) -> Trajectory:
+        return cls(
+            input_ids=torch.tensor(row["input_ids"], dtype=torch.int64),
+            loss_mask=torch.tensor(row["loss_mask"], dtype=torch.bool),
+            behavior_logprobs=torch.tensor(row["behavior_logprobs"], dtype=torch.float32),
+            versions=torch.tensor(row["versions"], dtype=torch.int64),
+            reward=float(row["reward"]),
+            group_id=row.get("group_id", ""),
+            session_id=row.get("session_id", ""),
+            text=row.get("text", ""),
+        )
