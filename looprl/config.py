@@ -70,7 +70,7 @@ class TaskConfig(Section):
     eval_path: str | None = Field(None, description="jsonl/parquet: held-out file.")
     prompt_field: str = Field("question", description="Row field holding the prompt.")
     answer_field: str = Field("answer", description="Row field holding the reference answer.")
-    reward: str = Field("looprl.tasks.math:math_reward", description="Reward function "
+    reward: str = Field("looprl.tasks.math_answer:math_reward", description="Reward function "
                         "'module:name' for file datasets, called reward_fn(prompt, completion, "
                         "**row).")
     system_prompt: str | None = Field(None, description="System message prepended to each "

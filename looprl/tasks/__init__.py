@@ -1,0 +1,36 @@
+"""Built-in tasks: datasets with their reward functions.
+
+`load_task(cfg)` returns a Task (train rows, held-out rows, reward function) for the
+`task` section of the config: the generated `arithmetic` problems, or rows read from
+JSONL/Parquet files or a Hugging Face dataset, scored by a reward function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looprl.config import TaskConfig
+from looprl.workflow import RewardFn, import_object
+
+
+@dataclass
+class Task:
+    train: list[dict]
+    eval: list[dict]
+    reward_fn: RewardFn
+    prompt_field: str
+    system_prompt: str | None
+
+
+def load_task(cfg: TaskConfig) -> Task:
+    from looprl.tasks import arithmetic, datasets
+
+    if cfg.name == "arithmetic":
+        train, held_out = arithmetic.make_splits(cfg)
+        return Task(train, held_out, arithmetic.arithmetic_reward, "question", cfg.system_prompt)
+    if cfg.train_path is None:
+        raise ValueError(f"task.name={cfg.name!r} needs task.train_path")
+    train = datasets.load_rows(cfg.train_path, cfg.name, cfg)
+    held_out = datasets.load_rows(cfg.eval_path, cfg.name, cfg) if cfg.eval_path else []
+    reward_fn = import_object(cfg.reward, "task.reward")
+    return Task(train, held_out, reward_fn, cfg.prompt_field, cfg.system_prompt)

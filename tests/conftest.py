@@ -1,0 +1,43 @@
+"""Shared fixtures: real model folders on disk, built once per test session.
+
+`tiny_model_dir` is a random-init 2-layer Llama with SmolLM2's real tokenizer and chat
+template (fast enough for any test); `smol_model_dir` is the real default model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from looprl.models import default_model_dir, load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def smol_model_dir() -> Path:
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smol_model_dir) -> Path:
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = load_tokenizer(smol_model_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

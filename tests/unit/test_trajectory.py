@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from looprl.trajectory import build_trajectories
+from looprl.types import Interaction, Trajectory
+
+
+def call(cid, prompt, output, version=0):
+    return Interaction(
+        completion_id=cid,
+        prompt_ids=prompt,
+        output_ids=output,
+        logprobs=[-0.5 - i for i in range(len(output))],
+        versions=[version] * len(output),
+        finish_reason="stop",
+    )
+
+
+def test_single_call_mask_is_one_exactly_on_sampled_tokens():
+    (traj,), stats = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0)
+    assert traj.input_ids.tolist() == [1, 2, 3, 7, 8]
+    assert traj.loss_mask.tolist() == [False, False, False, True, True]
+    assert traj.loss_mask.dtype == torch.bool and traj.loss_mask.is_contiguous()
+    assert traj.behavior_logprobs.tolist() == [0, 0, 0, -0.5, -1.5]
+    assert traj.versions.tolist() == [-1, -1, -1, 0, 0]
+    assert traj.reward == 1.0
+    assert stats["concat_breaks"] == 0
+
+
+def test_concat_masks_the_tokens_between_calls():
+    # second prompt = first prompt + first output + tool result [20, 21]
+    calls = [call("a", [1, 2], [5, 6], version=3), call("b", [1, 2, 5, 6, 20, 21], [9], 4)]
+    (traj,), stats = build_trajectories(calls, 0.5, "concat")
+    assert traj.input_ids.tolist() == [1, 2, 5, 6, 20, 21, 9]
+    assert traj.loss_mask.int().tolist() == [0, 0, 1, 1, 0, 0, 1]
+    assert traj.loss_mask.is_contiguous()
+    assert traj.versions.tolist() == [-1, -1, 3, 3, -1, -1, 4]
+    assert traj.behavior_logprobs.tolist() == [0, 0, -0.5, -1.5, 0, 0, -0.5]
+    assert stats["concat_breaks"] == 0
+
+
+def test_concat_breaks_where_the_prompt_does_not_extend_the_chain():
+    # the agent rewrote history: second prompt does not start with [1, 2, 5, 6]
+    calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5, 7, 20], [9])]
+    samples, stats = build_trajectories(calls, 1.0, "concat")
+    assert [s.input_ids.tolist() for s in samples] == [[1, 2, 5, 6], [1, 2, 5, 7, 20, 9]]
+    assert [s.loss_mask.int().tolist() for s in samples] == [[0, 0, 1, 1], [0, 0, 0, 0, 0, 1]]
+    assert stats["concat_breaks"] == 1
+
+
+def test_per_call_mode_and_reward_dict():
+    calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5, 6, 20], [9]), call("c", [3], [4])]
+    samples, _ = build_trajectories(calls, 2.0, "per_call")
+    assert [s.input_ids.tolist() for s in samples] == [[1, 2, 5, 6], [1, 2, 5, 6, 20, 9], [3, 4]]
+    assert [s.loss_mask.int().tolist() for s in samples][1] == [0, 0, 0, 0, 0, 1]
+    samples, stats = build_trajectories(calls, {"a": 1.0, "c": -1.0}, "concat")
+    assert [(s.input_ids.tolist(), s.reward) for s in samples] == [([1, 2, 5, 6], 1.0),
+                                                                   ([3, 4], -1.0)]
+    assert stats["unrewarded_calls"] == 1
+
+
+def test_empty_outputs_are_dropped_and_counted():
+    samples, stats = build_trajectories([call("a", [1, 2], [])], 1.0)
+    assert samples == [] and stats["empty_calls"] == 1
+
+
+def test_trajectory_rejects_a_mask_on_the_first_token():
+    with pytest.raises(ValueError, match=r"loss_mask\[0\]"):
+        Trajectory(
+            input_ids=torch.tensor([1, 2]),
+            loss_mask=torch.tensor([True, True]),
+            behavior_logprobs=torch.zeros(2),
+            versions=torch.zeros(2, dtype=torch.int64),
+            reward=0.0,
+        )
+
+
+def test_json_round_trip():
+    (traj,), _ = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0, group_id="g")
+    back = Trajectory.from_json(traj.to_json())
+    assert torch.equal(back.input_ids, traj.input_ids)
+    assert torch.equal(back.loss_mask, traj.loss_mask)
+    assert back.group_id == "g"
