@@ -1,0 +1,52 @@
+import pytest
+import yaml
+
+from looprl.config import ConfigError, load_config
+
+
+def test_defaults_and_dotted_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  group_size: 4\ntask:\n  digits: 2\n")
+    cfg = load_config(path, ["rollout.group_size=8", "task.operators=[+]", "model.path=/m"])
+    assert cfg.rollout.group_size == 8  # override beats the file
+    assert cfg.task.digits == 2
+    assert cfg.task.operators == ["+"]
+    assert cfg.model.path == "/m"
+    assert cfg.rollout.batch_size == 4  # untouched default
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("rollout.grop_size=3", r"rollout\.grop_size: unknown field; did you mean 'group_size'"),
+        ("rollout.group_size=abc", r"rollout\.group_size='abc'"),
+        ("rollout.group_size=0", r"rollout\.group_size=0: .*greater than or equal to 1"),
+        ("sampling.top_p=2", r"sampling\.top_p=2"),
+        ("train.algorithm=ppo2", r"train\.algorithm='ppo2'"),
+        ("nosuchsection.x=1", r"nosuchsection: unknown field"),
+    ],
+)
+def test_bad_values_name_the_field_and_value(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [override])
+
+
+def test_malformed_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config(None, ["rollout.group_size"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_resolved_config_is_saved_and_reloads_identically(tmp_path):
+    cfg = load_config(None, [f"run.fileroot={tmp_path}", "train.lr=3e-5"])
+    path = cfg.save()
+    assert path == tmp_path / "default" / "trial0" / "config.yaml"
+    again = load_config(path)
+    assert again == cfg
+    assert again.fingerprint() == cfg.fingerprint()
+    assert yaml.safe_load(path.read_text())["train"]["lr"] == 3e-5
