@@ -111,6 +111,9 @@ class TrainConfig(Section):
     eps_clip: float = Field(0.2, gt=0, description="PPO lower clip: ratio >= 1 - eps_clip.")
     eps_clip_high: float | None = Field(None, gt=0, description="PPO upper clip (clip-higher); "
                                         "None uses eps_clip.")
+    behavior_weight_cap: float | None = Field(
+        5.0, gt=0, description="Decoupled PPO: tokens whose behavior weight pi_prox/pi_behav "
+        "exceeds this are left out of the loss; None keeps every token.")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
         "token_mean", description="How per-token losses are reduced over the batch.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference model; "
