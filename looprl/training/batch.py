@@ -1,0 +1,153 @@
+"""Trajectories -> padded training tensors, and the splits the trainer iterates over.
+
+Owns: `TrainBatch` (right-padded (N, T) tensors plus per-sequence advantages),
+`build_batch` (groups from `Trajectory.group_id`, advantages from advantages.py),
+mini-batches (by sequences, one optimizer step each) and micro-batches
+(first-fit-decreasing by padded token count, one forward/backward each). Does not own
+models, losses or which algorithm computes the advantages.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+
+import torch
+
+from looprl.training.advantages import compute_advantages
+from looprl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainBatch:
+    """N right-padded sequences. (N, T) tensors are aligned with `input_ids` like a
+    Trajectory's; padding has attention_mask 0, loss_mask False, behavior_logprobs 0,
+    versions -1. `proximal_logprobs` and `ref_logprobs` are filled by the trainer."""
+
+    input_ids: torch.Tensor  # (N, T) int64
+    attention_mask: torch.Tensor  # (N, T) int64, 1 on real tokens
+    loss_mask: torch.Tensor  # (N, T) bool, True on policy-sampled tokens
+    behavior_logprobs: torch.Tensor  # (N, T) float32, from the engine
+    versions: torch.Tensor  # (N, T) int64
+    advantages: torch.Tensor  # (N,) float32
+    rewards: torch.Tensor  # (N,) float32
+    group_index: torch.Tensor  # (N,) int64, 0..G-1 in order of first appearance
+    proximal_logprobs: torch.Tensor | None = None  # (N, T) float32
+    ref_logprobs: torch.Tensor | None = None  # (N, T) float32
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (N,) int64
+        return self.attention_mask.sum(dim=1)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def select(self, rows: torch.Tensor) -> TrainBatch:
+        """The sub-batch of `rows` (n,) int64, trimmed to its longest row."""
+        width = int(self.lengths[rows].max())
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                value = value[rows, :width] if value.ndim == 2 else value[rows]
+            picked[f.name] = value
+        return TrainBatch(**picked)
+
+
+def build_batch(
+    trajectories: list[Trajectory], algorithm: str, pad_token_id: int
+) -> tuple[TrainBatch, dict[str, float]]:
+    """Pad trajectories into a TrainBatch; trajectories with equal `group_id` form a group
+    whose advantages `algorithm` (train.algorithm) computes from their rewards."""
+    if not trajectories:
+        raise ValueError("build_batch got no trajectories")
+    n, width = len(trajectories), max(t.num_tokens for t in trajectories)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.int64)
+    attention_mask = torch.zeros((n, width), dtype=torch.int64)
+    loss_mask = torch.zeros((n, width), dtype=torch.bool)
+    behavior_logprobs = torch.zeros((n, width), dtype=torch.float32)
+    versions = torch.full((n, width), -1, dtype=torch.int64)
+    group_ids: dict[str, int] = {}
+    for i, t in enumerate(trajectories):
+        length = t.num_tokens
+        input_ids[i, :length] = t.input_ids
+        attention_mask[i, :length] = 1
+        loss_mask[i, :length] = t.loss_mask
+        behavior_logprobs[i, :length] = t.behavior_logprobs
+        versions[i, :length] = t.versions
+        group_ids.setdefault(t.group_id, len(group_ids))
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    group_index = torch.tensor([group_ids[t.group_id] for t in trajectories], dtype=torch.int64)
+    advantages, stats = compute_advantages(algorithm, rewards, group_index)
+    batch = TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behavior_logprobs=behavior_logprobs,
+        versions=versions,
+        advantages=advantages,
+        rewards=rewards,
+        group_index=group_index,
+    )
+    stats.update(
+        num_sequences=float(n),
+        num_tokens=float(batch.num_tokens),
+        num_sampled_tokens=float(batch.num_sampled_tokens),
+        max_seq_len=float(width),
+    )
+    return batch, stats
+
+
+def micro_batch_indices(lengths: torch.Tensor, max_tokens_per_mb: int) -> list[torch.Tensor]:
+    """First-fit-decreasing: row indices of each micro-batch, lengths (N,) -> [(n_i,) int64].
+
+    Sequences are taken longest first (ties in index order) and each goes into the first
+    micro-batch whose padded size, rows x longest row, stays <= max_tokens_per_mb. A
+    sequence longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    bins: list[list[int]] = []
+    for i in order:
+        length = int(lengths[i])
+        for rows in bins:
+            # Rows come longest first, so the bin's longest row is its first.
+            if (len(rows) + 1) * int(lengths[rows[0]]) <= max_tokens_per_mb:
+                rows.append(i)
+                break
+        else:
+            if length > max_tokens_per_mb:
+                log.warning(
+                    "A sequence of %d tokens exceeds train.max_tokens_per_mb=%d; it gets a "
+                    "micro-batch of its own. Raise max_tokens_per_mb if memory allows.",
+                    length,
+                    max_tokens_per_mb,
+                )
+            bins.append([i])
+    return [torch.tensor(rows, dtype=torch.int64) for rows in bins]
+
+
+def split_micro_batches(batch: TrainBatch, max_tokens_per_mb: int) -> list[TrainBatch]:
+    """Pack `batch` into micro-batches of at most max_tokens_per_mb padded tokens (FFD)."""
+    return [batch.select(rows) for rows in micro_batch_indices(batch.lengths, max_tokens_per_mb)]
+
+
+def split_mini_batches(batch: TrainBatch, mini_batches: int) -> list[TrainBatch]:
+    """Split `batch` by sequences, in order, into `mini_batches` near-equal parts."""
+    if not 1 <= mini_batches <= batch.num_sequences:
+        raise ValueError(
+            f"train.mini_batches={mini_batches} must be between 1 and the "
+            f"{batch.num_sequences} sequences of the batch"
+        )
+    rows = torch.arange(batch.num_sequences)
+    return [batch.select(part) for part in rows.tensor_split(mini_batches)]

@@ -1,0 +1,229 @@
+"""The trainer: a model, its AdamW optimizer and LR schedule, and one PPO-style update.
+
+Owns: logprobs of a batch under the current weights (`compute_logprobs`), the update
+(`train_step`), the weights handed to engines, and its own checkpointable state. It is
+algorithm-blind: advantages arrive in the TrainBatch and the loss is losses.py's
+(decoupled) clipped PPO with the configured aggregation.
+
+One `train_step`: recompute the proximal logprobs (and reference logprobs for the KL
+penalty) without grad, then for each of `ppo_epochs` passes and each of `mini_batches`
+mini-batches take one optimizer step, accumulating gradients over FFD micro-batches
+whose losses are normalized by the whole mini-batch (see losses.py), so the update does
+not depend on `max_tokens_per_mb`. The LR schedule advances once per train_step, so
+`warmup_steps` and `total_steps` count train_steps, not optimizer steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from looprl.config import TrainConfig
+from looprl.training.batch import (
+    TrainBatch,
+    micro_batch_indices,
+    split_micro_batches,
+    split_mini_batches,
+)
+from looprl.training.losses import (
+    aggregate,
+    entropy_from_logits,
+    kl_penalty,
+    loss_normalizer,
+    masked_mean,
+    policy_loss,
+)
+
+_COUNTS = ("num_tokens", "num_micro_batches")  # summed over optimizer steps, not averaged
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr at train_step `step` (0-based): linear warmup reaching 1 at
+    step warmup_steps - 1, then constant, or cosine / linear decay to 0 at total_steps."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    if cfg.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logprob of input_ids[t] given input_ids[:t]; position 0 is 0. (B,T,V),(B,T) -> (B,T)."""
+    logits = logits[:, :-1]  # (B, T-1, V), row t predicts token t + 1
+    picked = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    return F.pad(picked - logits.logsumexp(dim=-1), (1, 0))
+
+
+class Trainer:
+    """Trains `model` in place with `cfg`. `temperature` must equal the engines' sampling
+    temperature, since logprobs are those of softmax(logits / temperature). `ref_model`,
+    a separate copy for the KL penalty, is put in eval mode and frozen."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        *,
+        temperature: float = 1.0,
+        ref_model: nn.Module | None = None,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0 for training logprobs")
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError(
+                f"train.kl_coef={cfg.kl_coef} needs a reference model; pass "
+                "ref_model or set train.kl_coef=0"
+            )
+        if ref_model is model:
+            raise ValueError("ref_model is the policy model itself; pass a frozen copy")
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, cfg)
+        )
+        self.version = 0
+
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Float32 logprobs (N, T) of `batch` under the current weights, without grad."""
+        return self._logprobs_without_grad(self.model, batch)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Update the weights on `batch`. Returns stats averaged over optimizer steps, plus
+        the lr used, train tokens/s (forward + backward, over the step's wall time),
+        micro-batch and optimizer-step counts, and the new version."""
+        start = time.perf_counter()
+        self.model.train()
+        ref = None if self.ref_model is None else self._logprobs_without_grad(self.ref_model, batch)
+        batch = replace(batch, proximal_logprobs=self.compute_logprobs(batch), ref_logprobs=ref)
+        steps: list[dict[str, float]] = []
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in split_mini_batches(batch, self.cfg.mini_batches):
+                self.optimizer.zero_grad(set_to_none=True)
+                stats = self.accumulate_gradients(mini)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+                stats["grad_norm"] = float(norm)
+                self.optimizer.step()
+                steps.append(stats)
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.version += 1
+        counts = {key: sum(s.pop(key) for s in steps) for key in _COUNTS}
+        out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+        out.update(
+            lr=lr,
+            tokens_per_s=counts["num_tokens"] / (time.perf_counter() - start),
+            num_micro_batches=counts["num_micro_batches"],
+            optimizer_steps=float(len(steps)),
+            version=float(self.version),
+        )
+        return out
+
+    def accumulate_gradients(self, batch: TrainBatch) -> dict[str, float]:
+        """Add the gradient of `batch`'s whole loss into `.grad`, one micro-batch at a time.
+
+        `batch.proximal_logprobs` must be filled; `batch.ref_logprobs`, when filled, adds
+        kl_coef x KL. Returns the loss, stats weighted by sampled tokens, and the counts
+        `num_tokens` (non-pad tokens through forward + backward) and `num_micro_batches`.
+        """
+        if batch.proximal_logprobs is None:
+            raise ValueError(
+                "batch.proximal_logprobs is None; fill it with compute_logprobs (train_step does)"
+            )
+        cfg = self.cfg
+        normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
+        eps_clip_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+        weighted: dict[str, float] = defaultdict(float)
+        total_loss = 0.0
+        micro_batches = split_micro_batches(batch, cfg.max_tokens_per_mb)
+        for mb in micro_batches:
+            mb = self._to_device(mb)
+            logits = self._logits(self.model, mb)  # (B, T, V)
+            logprobs = token_logprobs(logits, mb.input_ids)  # (B, T)
+            loss, stats = policy_loss(
+                logprobs,
+                mb.proximal_logprobs,
+                mb.advantages,
+                mb.loss_mask,
+                eps_clip=cfg.eps_clip,
+                eps_clip_high=eps_clip_high,
+                agg=cfg.loss_agg,
+                normalizer=normalizer,
+                behavior_logprobs=mb.behavior_logprobs,
+                behavior_weight_cap=cfg.behavior_weight_cap,
+            )
+            with torch.no_grad():
+                entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))  # (B, T)
+                stats["entropy"] = masked_mean(entropy, mb.loss_mask)
+            if mb.ref_logprobs is not None:
+                kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_estimator)  # (B, T)
+                loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)
+                stats["kl"] = masked_mean(kl.detach(), mb.loss_mask)
+            del logits  # so two micro-batches' (B, T, V) logits are never alive at once
+            loss.backward()
+            total_loss += loss.item()
+            for key, value in stats.items():
+                weighted[key] += value * mb.num_sampled_tokens
+        out = {key: value / batch.num_sampled_tokens for key, value in weighted.items()}
+        out.update(
+            loss=total_loss,
+            num_tokens=float(batch.num_tokens),
+            num_micro_batches=float(len(micro_batches)),
+        )
+        return out
+
+    def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
+        """The current weights, detached. They share storage with the live parameters, so
+        an engine must copy them (load_state_dict does) before the next train_step."""
+        return self.model.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]
+
+    @torch.no_grad()
+    def _logprobs_without_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (N, T)
+        for rows in micro_batch_indices(batch.lengths, self.cfg.max_tokens_per_mb):
+            mb = self._to_device(batch.select(rows))
+            logprobs = token_logprobs(self._logits(model, mb), mb.input_ids)  # (n, t)
+            out[rows, : logprobs.shape[1]] = logprobs.cpu()
+        return out
+
+    def _logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
+        """Float32 logits / temperature (B, T, V), under bf16 autocast when configured."""
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.autocast_bf16):
+            output = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            )
+        # In place: at 8192 tokens x 49152 vocab a copy would cost another 1.6 GB.
+        return output.logits.float().div_(self.temperature)
+
+    def _to_device(self, mb: TrainBatch) -> TrainBatch:
+        values = {f.name: getattr(mb, f.name) for f in fields(mb)}
+        return TrainBatch(**{k: v if v is None else v.to(self.device) for k, v in values.items()})

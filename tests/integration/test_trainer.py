@@ -1,0 +1,161 @@
+"""The trainer on a real (tiny, random-init) Llama with SmolLM2's tokenizer."""
+
+import copy
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from looprl.config import TrainConfig
+from looprl.models import load_model
+from looprl.training.batch import TrainBatch, build_batch
+from looprl.training.trainer import Trainer, lr_factor
+from looprl.types import Trajectory
+
+PAD = 2
+# (length, prompt tokens, reward, group): two groups of three with mixed rewards.
+SHAPES = [(9, 4, 1.0, "a"), (12, 4, 0.0, "a"), (7, 4, 0.0, "a"),
+          (10, 5, 1.0, "b"), (6, 5, 1.0, "b"), (11, 5, 0.0, "b")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def _batch(model, algorithm="grpo") -> TrainBatch:
+    gen = torch.Generator().manual_seed(0)
+    trajectories = []
+    for length, prompt, reward, group in SHAPES:
+        loss_mask = torch.arange(length) >= prompt
+        trajectories.append(
+            Trajectory(
+                input_ids=torch.randint(3, 1000, (length,), generator=gen),
+                loss_mask=loss_mask,
+                behavior_logprobs=torch.zeros(length),
+                versions=torch.where(loss_mask, 0, -1),
+                reward=reward,
+                group_id=group,
+            )
+        )
+    batch, _ = build_batch(trajectories, algorithm, PAD)
+    # Behavior logprobs from the model itself, as a float32 engine at temperature 1 gives.
+    logprobs = Trainer(model, TrainConfig()).compute_logprobs(batch)
+    return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
+
+
+def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
+    batch = _batch(model)
+    trainer = Trainer(model, TrainConfig(max_tokens_per_mb=24), temperature=0.7)
+    got = trainer.compute_logprobs(batch)  # several micro-batches, scattered back
+    assert got.dtype == torch.float32 and got.shape == batch.input_ids.shape
+    for i in range(batch.num_sequences):
+        n = int(batch.lengths[i])
+        ids = batch.input_ids[i, :n]
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0] / 0.7  # (n, V)
+        expected = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[1:, None]).squeeze(1)
+        assert got[i, 0] == 0
+        torch.testing.assert_close(got[i, 1:n], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
+    batch = _batch(model)
+    # float64 weights: in float32 the summation order alone moves gradients by ~6e-7
+    # (~6e-6 of their largest entry); in float64 by ~1e-16, so any gap left is the split's.
+    model = copy.deepcopy(model).double()
+    ref_model = copy.deepcopy(model)
+    # Perturb proximal and reference logprobs so some tokens are clipped, some behavior
+    # weights are capped and the KL term is not zero.
+    gen = torch.Generator().manual_seed(1)
+    noise = 0.5 * torch.randn(batch.input_ids.shape, generator=gen)
+    batch = replace(
+        batch,
+        proximal_logprobs=batch.behavior_logprobs + noise,
+        ref_logprobs=batch.behavior_logprobs - noise.abs(),
+    )
+    grads, counts = [], []
+    # One micro-batch; then lengths [9, 12, 7, 10, 6, 11] in 16 tokens: 12 | 11 | 10 | 9 | 7, 6
+    for budget in (4096, 16):
+        cfg = TrainConfig(loss_agg=agg, max_tokens_per_mb=budget, kl_coef=0.1,
+                          behavior_weight_cap=1.5)  # fmt: skip
+        trainer = Trainer(model, cfg, ref_model=ref_model)
+        model.zero_grad(set_to_none=True)
+        stats = trainer.accumulate_gradients(batch)
+        counts.append(stats["num_micro_batches"])
+        grads.append([p.grad.clone() for p in trainer.params])
+    assert counts == [1, 5]
+    assert stats["clip_frac"] > 0 and stats["behavior_capped_frac"] > 0 and stats["kl"] > 0
+    assert max(float(g.abs().max()) for g in grads[0]) > 1e-2
+    diff = max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True))
+    assert diff < 1e-9
+
+
+def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
+    model = copy.deepcopy(model)
+    batch = _batch(model)
+    trainer = Trainer(model, TrainConfig(lr=1e-3, ppo_epochs=2, mini_batches=2))
+    before_weights = {k: v.clone() for k, v in trainer.state_dict_for_engine().items()}
+    before = trainer.compute_logprobs(batch)
+    stats = trainer.train_step(batch)
+    after = trainer.compute_logprobs(batch)
+
+    assert trainer.version == 1 and stats["version"] == 1
+    assert stats["optimizer_steps"] == 4 and stats["num_micro_batches"] == 4
+    for key in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm", "lr", "tokens_per_s"):
+        assert math.isfinite(stats[key]), key
+    assert stats["lr"] == 1e-3
+    weights = trainer.state_dict_for_engine()
+    assert any(not torch.equal(weights[k], before_weights[k]) for k in weights)
+    assert all(not v.requires_grad for v in weights.values())
+
+    gain = ((after - before) * batch.loss_mask).sum(dim=1)  # (N,) summed over sampled tokens
+    positive, negative = batch.advantages > 0, batch.advantages < 0
+    assert bool((gain[positive] > 0).all()), gain
+    assert bool((gain[negative] < 0).all()), gain
+
+
+def test_bf16_autocast_step_keeps_float32_logprobs(model):
+    model = copy.deepcopy(model)
+    batch = _batch(model)
+    trainer = Trainer(model, TrainConfig(autocast_bf16=True))
+    assert trainer.compute_logprobs(batch).dtype == torch.float32
+    stats = trainer.train_step(batch)
+    assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_state_dict_round_trip(model):
+    model = copy.deepcopy(model)
+    batch = _batch(model)
+    cfg = TrainConfig(lr=1e-3, warmup_steps=2)
+    trainer = Trainer(model, cfg)
+    trainer.train_step(batch)
+    state = copy.deepcopy(trainer.state_dict())
+    trainer.train_step(batch)
+    expected = trainer.compute_logprobs(batch)
+
+    restored = Trainer(copy.deepcopy(model), cfg)
+    restored.load_state_dict(state)
+    assert restored.version == 1
+    assert restored.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # warmup step 2 of 2
+    restored.train_step(batch)
+    torch.testing.assert_close(restored.compute_logprobs(batch), expected)
+
+
+def test_reference_model_errors(model):
+    with pytest.raises(ValueError, match="train.kl_coef=0.1 needs a reference model"):
+        Trainer(model, TrainConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="ref_model is the policy model itself"):
+        Trainer(model, TrainConfig(kl_coef=0.1), ref_model=model)
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(warmup_steps=2, total_steps=6, lr_schedule="cosine")
+    # warmup 1/2, 1; then cosine over 4 steps: progress 0, .25, .5, .75 -> 1, .853553, .5, .146447
+    got = [lr_factor(step, cfg) for step in range(6)]
+    assert got == pytest.approx([0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447], abs=1e-6)
+    linear = cfg.model_copy(update={"lr_schedule": "linear"})
+    assert [lr_factor(s, linear) for s in (2, 4, 9)] == pytest.approx([1.0, 0.5, 0.0])
