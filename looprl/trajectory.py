@@ -37,8 +37,12 @@ def build_trajectories(
     decode: Callable[[list[int]], str] | None = None,
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Return the samples of one rollout and counts of what was merged or dropped."""
-    stats = {"calls": len(interactions), "empty_calls": 0, "unrewarded_calls": 0,
-             "concat_breaks": 0}
+    stats = {
+        "calls": len(interactions),
+        "empty_calls": 0,
+        "unrewarded_calls": 0,
+        "concat_breaks": 0,
+    }
     calls = [it for it in interactions if it.output_ids]
     stats["empty_calls"] = len(interactions) - len(calls)
 
@@ -65,9 +69,7 @@ def _chain(calls: list[Interaction]) -> list[list[Interaction]]:
     chains: list[list[Interaction]] = []
     tokens: list[int] = []
     for it in calls:
-        if chains and it.prompt_ids[: len(tokens)] == tokens and len(it.prompt_ids) >= len(
-            tokens
-        ):
+        if chains and it.prompt_ids[: len(tokens)] == tokens and len(it.prompt_ids) >= len(tokens):
             chains[-1].append(it)
             tokens = it.prompt_ids + it.output_ids
         else:
@@ -89,7 +91,7 @@ def _assemble(
     logprobs: list[float] = []
     versions: list[int] = []
     for it in chain:
-        context = it.prompt_ids[len(ids):]  # the whole prompt for the first call
+        context = it.prompt_ids[len(ids) :]  # the whole prompt for the first call
         ids += context + it.output_ids
         mask += [False] * len(context) + [True] * len(it.output_ids)
         logprobs += [0.0] * len(context) + list(it.logprobs)

@@ -124,8 +124,9 @@ class Trajectory:
         for name in ("loss_mask", "behavior_logprobs", "versions"):
             value = getattr(self, name)
             if value.shape != t:
-                raise ValueError(f"Trajectory.{name} has shape {tuple(value.shape)}, "
-                                 f"input_ids has {tuple(t)}")
+                raise ValueError(
+                    f"Trajectory.{name} has shape {tuple(value.shape)}, input_ids has {tuple(t)}"
+                )
         if self.loss_mask.dtype != torch.bool or not self.loss_mask.is_contiguous():
             raise ValueError("Trajectory.loss_mask must be a contiguous bool tensor")
         if not bool(self.loss_mask.any()):

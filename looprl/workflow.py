@@ -72,8 +72,9 @@ def resolve_workflow(spec: Any, kwargs: dict[str, Any] | None = None) -> Workflo
         spec = import_object(spec, "workflow")
     if inspect.isclass(spec):
         if not inspect.iscoroutinefunction(getattr(spec, "run", None)):
-            raise TypeError(f"workflow class {spec.__qualname__} needs `async def run(self, "
-                            "data, **kw)`")
+            raise TypeError(
+                f"workflow class {spec.__qualname__} needs `async def run(self, data, **kw)`"
+            )
         try:
             return spec(**kwargs)
         except TypeError as e:
@@ -104,15 +105,18 @@ class RLVRWorkflow:
         prompt_field: str = "question",
         system_prompt: str | None = None,
     ):
-        self.reward_fn = import_object(reward_fn, "reward") if isinstance(reward_fn, str) else (
-            reward_fn)
+        self.reward_fn = (
+            import_object(reward_fn, "reward") if isinstance(reward_fn, str) else (reward_fn)
+        )
         self.prompt_field = prompt_field
         self.system_prompt = system_prompt
 
     async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
         if self.prompt_field not in data:
-            raise KeyError(f"dataset row has no field {self.prompt_field!r} "
-                           f"(fields: {sorted(data)}); set task.prompt_field")
+            raise KeyError(
+                f"dataset row has no field {self.prompt_field!r} "
+                f"(fields: {sorted(data)}); set task.prompt_field"
+            )
         prompt = str(data[self.prompt_field])
         messages = [{"role": "user", "content": prompt}]
         if self.system_prompt is not None:

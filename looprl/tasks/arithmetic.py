@@ -54,14 +54,24 @@ def make_splits(cfg: TaskConfig) -> tuple[list[dict], list[dict]]:
     operators = sorted(set(cfg.operators))
     space = len(operators) * (high - low + 1) ** 2
     if space <= _ENUMERATE_LIMIT:
-        keys = [(a, op, b) for op in operators for a in range(low, high + 1)
-                for b in range(low, high + 1)]
+        keys = [
+            (a, op, b)
+            for op in operators
+            for a in range(low, high + 1)
+            for b in range(low, high + 1)
+        ]
         rng.shuffle(keys)
         n_eval = min(cfg.eval_size, space // 4)
         if n_eval < cfg.eval_size:
-            log.info("Only %d distinct problems exist for digits=%d operators=%s; holding out "
-                     "%d of them (task.eval_size=%d)", space, cfg.digits, operators, n_eval,
-                     cfg.eval_size)
+            log.info(
+                "Only %d distinct problems exist for digits=%d operators=%s; holding out "
+                "%d of them (task.eval_size=%d)",
+                space,
+                cfg.digits,
+                operators,
+                n_eval,
+                cfg.eval_size,
+            )
         held, pool = keys[:n_eval], keys[n_eval:]
         train_keys = [pool[i % len(pool)] for i in range(cfg.train_size)]
         rng.shuffle(train_keys)

@@ -35,8 +35,9 @@ def load_rows(path: str, kind: str, cfg: TaskConfig) -> list[dict]:
             continue
         good.append(row)
     if skipped:
-        log.warning("Skipped %d of %d rows of %s (first 5 shown above)", skipped,
-                    skipped + len(good), path)
+        log.warning(
+            "Skipped %d of %d rows of %s (first 5 shown above)", skipped, skipped + len(good), path
+        )
     if not good:
         raise ValueError(f"{path!r} has no usable row with fields {list(required)}")
     return good
@@ -75,13 +76,17 @@ def _read_hf(name: str):
     try:
         import datasets
     except ImportError as e:
-        raise ImportError("task.name='hf' needs the `datasets` package: pip install datasets"
-                          ) from e
+        raise ImportError(
+            "task.name='hf' needs the `datasets` package: pip install datasets"
+        ) from e
     split = "train"
     if ":" in name:
         name, split = name.split(":", 1)
-    data = (datasets.load_from_disk(name) if Path(name).is_dir()
-            else datasets.load_dataset(name, split=split))
+    data = (
+        datasets.load_from_disk(name)
+        if Path(name).is_dir()
+        else datasets.load_dataset(name, split=split)
+    )
     if isinstance(data, datasets.DatasetDict):
         data = data[split]
     for i, row in enumerate(data):

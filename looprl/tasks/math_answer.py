@@ -20,7 +20,7 @@ def extract_reference(answer: str) -> str:
 
 def extract_prediction(completion: str) -> str | None:
     if "\\boxed" in completion:
-        return completion[completion.rfind("\\boxed"):]
+        return completion[completion.rfind("\\boxed") :]
     if "####" in completion:
         return completion.rsplit("####", 1)[-1].strip()
     value = last_number(completion)

@@ -29,8 +29,13 @@ def test_two_digit_problems_are_sampled_with_a_held_out_split():
 
 @pytest.mark.parametrize(
     ("completion", "reward"),
-    [("7 * 8 = 56", 1.0), ("The answer is 56.", 1.0), ("56, no wait, 54", 0.0), ("", 0.0),
-     ("It's 1,056", 0.0)],
+    [
+        ("7 * 8 = 56", 1.0),
+        ("The answer is 56.", 1.0),
+        ("56, no wait, 54", 0.0),
+        ("", 0.0),
+        ("It's 1,056", 0.0),
+    ],
 )
 def test_arithmetic_reward_reads_the_last_number(completion, reward):
     assert arithmetic_reward("What is 7 * 8?", completion, answer=56) == reward
@@ -61,8 +66,14 @@ def test_jsonl_dataset_skips_and_counts_bad_rows(tmp_path, caplog):
     path = tmp_path / "train.jsonl"
     rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "4"}]
     path.write_text(
-        json.dumps(rows[0]) + "\n{not json\n" + json.dumps({"question": "no answer"}) + "\n"
-        + json.dumps([1, 2]) + "\n\n" + json.dumps(rows[1]) + "\n"
+        json.dumps(rows[0])
+        + "\n{not json\n"
+        + json.dumps({"question": "no answer"})
+        + "\n"
+        + json.dumps([1, 2])
+        + "\n\n"
+        + json.dumps(rows[1])
+        + "\n"
     )
     task = load_task(TaskConfig(name="jsonl", train_path=str(path)))
     assert task.train == rows
@@ -78,8 +89,9 @@ def test_parquet_dataset_and_missing_file(tmp_path):
 
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist([{"q": "3+4?", "a": "7"}]), path)
-    task = load_task(TaskConfig(name="parquet", train_path=str(path), prompt_field="q",
-                                answer_field="a"))
+    task = load_task(
+        TaskConfig(name="parquet", train_path=str(path), prompt_field="q", answer_field="a")
+    )
     assert task.train == [{"q": "3+4?", "a": "7"}] and task.prompt_field == "q"
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_task(TaskConfig(name="jsonl", train_path=str(tmp_path / "nope.jsonl")))

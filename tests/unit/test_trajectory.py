@@ -54,8 +54,10 @@ def test_per_call_mode_and_reward_dict():
     assert [s.input_ids.tolist() for s in samples] == [[1, 2, 5, 6], [1, 2, 5, 6, 20, 9], [3, 4]]
     assert [s.loss_mask.int().tolist() for s in samples][1] == [0, 0, 0, 0, 0, 1]
     samples, stats = build_trajectories(calls, {"a": 1.0, "c": -1.0}, "concat")
-    assert [(s.input_ids.tolist(), s.reward) for s in samples] == [([1, 2, 5, 6], 1.0),
-                                                                   ([3, 4], -1.0)]
+    assert [(s.input_ids.tolist(), s.reward) for s in samples] == [
+        ([1, 2, 5, 6], 1.0),
+        ([3, 4], -1.0),
+    ]
     assert stats["unrewarded_calls"] == 1
 
 

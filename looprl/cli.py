@@ -1,0 +1,177 @@
+"""The `looprl` command: train, rollout, serve, debug.
+
+Each command parses its arguments, loads the config (failing before anything starts
+when it is wrong), and calls one function of the library. Nothing here is needed to
+use looprl from Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from looprl.config import Config, ConfigError, load_config
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    help="Train LLM agents with reinforcement learning.",
+)
+debug_app = typer.Typer(help="Tools for finding out why something does not work.")
+app.add_typer(debug_app, name="debug")
+console = Console(stderr=True)
+
+ConfigArg = Annotated[str | None, typer.Argument(help="YAML config file (optional).")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Dotted overrides, e.g. rollout.group_size=8 train.lr=2e-5."),
+]
+
+
+def _config(config: str | None, overrides: list[str] | None) -> Config:
+    """Load the config; a first argument with '=' that is no file is an override.
+
+    The working directory goes on sys.path (as with `python -m`), so a workflow given as
+    "examples.my_agent:Agent" imports from where the command runs.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    overrides = list(overrides or [])
+    if config is not None and "=" in config and not Path(config).is_file():
+        overrides.insert(0, config)
+        config = None
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _setup_logging(level: str = "INFO", log_file: Path | None = None) -> None:
+    handlers: list[logging.Handler] = [
+        RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S")
+    ]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file)
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        handlers.append(file_handler)
+    logging.basicConfig(level=logging.WARNING, handlers=handlers, format="%(message)s", force=True)
+    logging.getLogger("looprl").setLevel(level)
+    for noisy in ("httpx", "uvicorn.access", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def train(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
+) -> None:
+    """Train a policy. With no arguments: SmolLM2-135M on arithmetic, on CPU."""
+    cfg = _config(config, overrides)
+    if dry_run:
+        print(cfg.to_yaml())
+        return
+    from looprl.loop import train as run_training
+
+    _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
+    summary = asyncio.run(run_training(cfg))
+    print(summary.line())
+
+
+@app.command()
+def rollout(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    out: Annotated[Path, typer.Option(help="Where to write trajectories (JSONL).")] = Path(
+        "trajectories.jsonl"
+    ),
+    rows: Annotated[int, typer.Option(help="Dataset rows to run (each group_size times).")] = 8,
+    split: Annotated[str, typer.Option(help="train or eval.")] = "train",
+) -> None:
+    """Run the workflow over dataset rows and write trajectories, without training."""
+    cfg = _config(config, overrides)
+    if split not in ("train", "eval"):
+        console.print(f"[red]error:[/red] --split={split!r} must be 'train' or 'eval'")
+        raise typer.Exit(2)
+    from looprl.collect import collect
+
+    _setup_logging(cfg.run.log_level)
+    result = asyncio.run(collect(cfg, rows=rows, split=split, out=out))
+    _print_stats("rollout summary", result.stats())
+    console.print(f"wrote {len(result.trajectories)} trajectories to {out}")
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="Hugging Face model folder or 'default'.")] = (
+        "default"
+    ),
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    name: Annotated[str, typer.Option(help="Model name reported by /v1/models.")] = "policy",
+) -> None:
+    """Serve a model over OpenAI-compatible /v1 endpoints (no sessions)."""
+    from looprl.gateway.server import serve as run_server
+
+    _setup_logging()
+    run_server(model, host=host, port=port, dtype=dtype, model_name=name)
+
+
+@debug_app.command("workflow")
+def debug_workflow(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    base_url: Annotated[str, typer.Option(help="Any OpenAI-compatible server's /v1 URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    api_key: Annotated[str, typer.Option(help="API key sent to the server.")] = "none",
+    model: Annotated[str | None, typer.Option(help="Model name; default model.name.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Concurrent rollouts after the first.")] = 8,
+) -> None:
+    """Run the workflow against a server: one row, then N concurrent; report what broke."""
+    cfg = _config(config, overrides)
+    from looprl.collect import debug_workflow as run_debug
+
+    _setup_logging(cfg.run.log_level)
+    report = asyncio.run(
+        run_debug(
+            cfg,
+            base_url=base_url,
+            api_key=api_key,
+            model=model or cfg.model.name,
+            concurrency=concurrency,
+        )
+    )
+    _print_stats("workflow check", report)
+    if report["errors"]:
+        raise typer.Exit(1)
+
+
+def _print_stats(title: str, stats: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in stats.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, dict):
+            value = json.dumps(value) if value else "-"
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
