@@ -1,0 +1,15 @@
+"""The gateway: OpenAI-compatible HTTP endpoints that record every call per session."""
+
+from looprl.gateway.app import APIError, create_app
+from looprl.gateway.server import GatewayServer, SessionHandle, serve
+from looprl.gateway.sessions import Session, SessionStore
+
+__all__ = [
+    "APIError",
+    "GatewayServer",
+    "Session",
+    "SessionHandle",
+    "SessionStore",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,660 @@
+"""The OpenAI-compatible HTTP API agents talk to.
+
+Owns: the routes, request validation and OpenAI-style errors, the chat template,
+turning engine Generations into OpenAI responses (JSON or server-sent events), and
+recording every choice on its session. Does not own sampling (the engine) or when
+sessions open and close (the caller, through the SessionStore).
+
+Routes, each also at plain `/v1/...` without auth or recording when `sessionless`:
+    POST /sessions/{id}/v1/chat/completions
+    POST /sessions/{id}/v1/completions
+    GET  /sessions/{id}/v1/models
+    POST /sessions/{id}/reward
+         {"reward": 1.0} | {"rewards": {cid: 1.0}} | {"completion_id": cid, "reward": 1.0}
+    GET  /health
+Session routes need `Authorization: Bearer <the session's api_key>`: 401 without it,
+404 for a session that is not open.
+
+Where it departs from OpenAI:
+- `model` may be any name: agents hardcode model names and there is one policy to
+  serve. Responses report the served name.
+- Sampling fields: a session's `sampling_overrides` win over the request, which wins
+  over `default_sampling` (the run's config). `top_k` is accepted, as vLLM does.
+  `max_tokens` is clamped to the room the model's context leaves after the prompt.
+- The engine returns whole generations, so a stream sends each choice's text in one
+  delta as soon as that choice is done.
+- The n choices are sampled independently; with `seed`, choice i uses `seed + i`.
+- A message's text parts are joined with "\\n", as vLLM does.
+- Responses also carry `prompt_token_ids` and per-choice `token_ids`, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
+from pydantic import BaseModel, Field, model_validator
+from starlette.exceptions import HTTPException
+from transformers import PreTrainedTokenizerBase
+
+from looprl.config import SamplingConfig
+from looprl.engines.base import Engine, EngineError
+from looprl.gateway.sessions import Session, SessionStore, sampling_fields
+from looprl.types import Generation, Interaction, SamplingParams
+
+MAX_N = 128  # choices per request: bounds the work one request can queue
+MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
+DISCONNECT_POLL_S = 0.25  # how often a waiting call checks for a gone client or closed session
+
+# ---- requests ----------------------------------------------------------------------
+
+StopString = Annotated[str, Field(min_length=1)]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by chat and text completions; null means "not given"."""
+
+    model: str | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: StopString | list[StopString] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[Annotated[int, Field(ge=0)]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class RewardRequest(BaseModel):
+    reward: float | None = Field(None, allow_inf_nan=False)
+    rewards: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = None
+    completion_id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> RewardRequest:
+        if (self.reward is None) == (self.rewards is None):
+            raise ValueError(
+                'give either "reward" (with an optional "completion_id") or '
+                '"rewards" ({completion_id: reward})'
+            )
+        if self.completion_id is not None and self.rewards is not None:
+            raise ValueError('"completion_id" goes with "reward", not with "rewards"')
+        return self
+
+    def value(self) -> float | dict[str, float]:
+        if self.rewards is not None:
+            return self.rewards
+        if self.completion_id is not None:
+            return {self.completion_id: self.reward}
+        return self.reward
+
+
+# ---- errors ------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": None}
+        }
+
+
+def _param(loc: tuple) -> str:
+    """`("body", "messages", 0, "content", "list[TextPart]", 1)` -> `messages[0].content[1]`.
+
+    Pydantic names the union member it tried inside `loc` (`str`, `list[TextPart]`,
+    `constrained-str`); those are dropped.
+    """
+    out = ""
+    for part in loc[1:]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("str", "int", "float", "bool") and part.isidentifier():
+            out += f".{part}" if out else part
+    return out
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))  # the deepest is the most specific
+    if err["type"] == "json_invalid":
+        detail = err.get("ctx", {}).get("error", "")
+        return APIError(
+            400, f"request body is not valid JSON: {detail} at character {err['loc'][-1]}"
+        )
+    param = _param(tuple(err["loc"]))
+    got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
+    if len(got) > 200:
+        got = got[:196] + "...)"
+    if not param:
+        return APIError(
+            400,
+            "the request body must be a JSON object sent with Content-Type: "
+            f"application/json{got or ' (it is empty)'}",
+        )
+    return APIError(400, f"{param}: {err['msg']}{got}", param)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        error = _validation_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            APIError(exc.status_code, str(exc.detail), type=kind).body(),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+
+# ---- the app -----------------------------------------------------------------------
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    model_name: str,
+    store: SessionStore,
+    sessionless: bool = False,
+    default_sampling: SamplingConfig | None = None,
+    max_model_len: int | None = None,
+) -> FastAPI:
+    """The gateway app; `store` is also reachable as `app.state.store`.
+
+    `default_sampling` applies where a request leaves a field out (SamplingConfig's
+    defaults when None). `max_model_len` (prompt + output tokens) turns too-long
+    prompts into a 400 naming the field; without it the engine decides. `sessionless`
+    adds `/v1/...` routes that need no key and record nothing (`looprl serve`).
+    """
+    defaults = (default_sampling or SamplingConfig()).model_dump()
+    gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len)
+    app = FastAPI(title="looprl gateway")
+    app.state.store = store
+    _install_error_handlers(app)
+
+    def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
+        session = store.get(session_id)
+        if session is None:
+            raise APIError(
+                404,
+                f"session {session_id!r} is not open (never opened, or "
+                "closed when its rollout ended)",
+                type="not_found_error",
+            )
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            key.strip().encode(), session.api_key.encode()
+        ):
+            raise APIError(
+                401,
+                f"wrong or missing API key for session {session_id!r}: send "
+                "`Authorization: Bearer <api_key>` with the key the session was "
+                "opened with",
+                type="authentication_error",
+            )
+        return session
+
+    app.include_router(gateway.router(session_for), prefix="/sessions/{session_id}/v1")
+    if sessionless:
+        app.include_router(gateway.router(lambda: None), prefix="/v1")
+
+    @app.post("/sessions/{session_id}/reward")
+    async def post_reward(body: RewardRequest, session: Session = Depends(session_for)) -> dict:
+        try:
+            session.post_reward(body.value())
+        except ValueError as e:
+            raise APIError(400, str(e), "completion_id") from None
+        return {"session_id": session.id, "reward": session.reward}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_name, "open_sessions": len(store)}
+
+    return app
+
+
+class _Gateway:
+    """Request handling shared by the session routes and the sessionless ones."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        model_name: str,
+        defaults: dict[str, Any],
+        max_model_len: int | None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.defaults = defaults
+        self.max_model_len = max_model_len
+
+    def router(self, get_session: Callable[..., Session | None]) -> APIRouter:
+        router = APIRouter()
+        session_dep = Depends(get_session)
+
+        @router.post("/chat/completions")
+        async def chat(request: Request, req: ChatRequest, session: Session | None = session_dep):
+            return await self.chat(request, req, session)
+
+        @router.post("/completions")
+        async def completions(
+            request: Request, req: CompletionRequest, session: Session | None = session_dep
+        ):
+            return await self.complete(request, req, session)
+
+        @router.get("/models")
+        async def models(_: Session | None = session_dep) -> dict:
+            card = {
+                "id": self.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "looprl",
+                "max_model_len": self.max_model_len,
+            }
+            return {"object": "list", "data": [card]}
+
+        return router
+
+    # ---- chat ----------------------------------------------------------------------
+
+    async def chat(self, request: Request, req: ChatRequest, session: Session | None):
+        conversation = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt_ids = self.tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except TemplateError as e:
+            raise APIError(
+                400, f"the model's chat template rejected the messages: {e}", "messages"
+            ) from None
+        prompt_ids = list(prompt_ids)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
+        call = _Call(
+            f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", "chat.completion.chunk", prompt_ids
+        )
+
+        def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
+            logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                "token_ids": gen.output_ids,
+            }
+
+        def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
+            logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
+            delta = {"role": "assistant", "content": text}
+            return [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": None,
+                    "token_ids": gen.output_ids,
+                },
+                {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish},
+            ]
+
+        return await self._respond(request, call, req, sampling, session, choice, chunks)
+
+    def _chat_logprobs(self, gen: Generation) -> list[dict]:
+        tokens = self._token_strings(gen.output_ids)
+        tops = gen.top_logprobs or [[] for _ in gen.output_ids]
+        top_tokens = self._token_strings([i for row in tops for i, _ in row])
+        content, k = [], 0
+        for token, logprob, row in zip(tokens, gen.logprobs, tops, strict=True):
+            alternatives = []
+            for _, top_logprob in row:
+                alternatives.append(_token_logprob(top_tokens[k], top_logprob))
+                k += 1
+            content.append({**_token_logprob(token, logprob), "top_logprobs": alternatives})
+        return content
+
+    # ---- text completions ----------------------------------------------------------
+
+    async def complete(self, request: Request, req: CompletionRequest, session: Session | None):
+        if isinstance(req.prompt, str):
+            prompt_ids = list(self.tokenizer(req.prompt).input_ids)
+        else:
+            prompt_ids = req.prompt
+            vocab = len(self.tokenizer)
+            bad = next((i for i, t in enumerate(prompt_ids) if t >= vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400,
+                    f"prompt[{bad}]: {prompt_ids[bad]} is not a token id "
+                    f"(the vocabulary has {vocab})",
+                    f"prompt[{bad}]",
+                )
+        top = req.logprobs or 0
+        sampling = self._sampling(req, prompt_ids, "prompt", req.max_tokens, top, session)
+        call = _Call(f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion", prompt_ids)
+
+        def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
+            logprobs = self._completion_logprobs(gen) if req.logprobs is not None else None
+            return {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                "token_ids": gen.output_ids,
+            }
+
+        def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
+            return [choice(index, gen, text, finish)]
+
+        return await self._respond(request, call, req, sampling, session, choice, chunks)
+
+    def _completion_logprobs(self, gen: Generation) -> dict:
+        tokens = self._token_strings(gen.output_ids)
+        offsets, offset = [], 0
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        top = None
+        if gen.top_logprobs is not None:
+            top = [
+                {
+                    s: max(lp, MIN_LOGPROB)
+                    for s, (_, lp) in zip(
+                        self._token_strings([i for i, _ in row]), row, strict=True
+                    )
+                }
+                for row in gen.top_logprobs
+            ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [max(lp, MIN_LOGPROB) for lp in gen.logprobs],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    # ---- shared --------------------------------------------------------------------
+
+    def _sampling(
+        self,
+        req: SamplingRequest,
+        prompt_ids: list[int],
+        prompt_field: str,
+        max_tokens: int | None,
+        top_logprobs: int,
+        session: Session | None,
+    ) -> list[SamplingParams]:
+        """One SamplingParams per choice: session overrides > request > defaults."""
+        if not prompt_ids:
+            raise APIError(400, f"{prompt_field}: the prompt has no tokens", prompt_field)
+        requested = {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "max_tokens": max_tokens,
+            "stop": req.stop,
+            "seed": req.seed,
+        }
+        overrides = session.sampling_overrides if session else {}
+        fields = {
+            **self.defaults,
+            **sampling_fields(requested, "request"),
+            **sampling_fields(overrides, "session.sampling_overrides"),
+        }
+        seed = fields.pop("seed", None)
+        if self.max_model_len is not None:
+            room = self.max_model_len - len(prompt_ids)
+            if room < 1:
+                raise APIError(
+                    400,
+                    f"{prompt_field}: the prompt is {len(prompt_ids)} tokens and "
+                    f"the model's context is {self.max_model_len}, leaving no room "
+                    "for output; shorten it",
+                    prompt_field,
+                )
+            fields["max_new_tokens"] = min(fields["max_new_tokens"], room)
+        return [
+            SamplingParams(
+                **fields, top_logprobs=top_logprobs, seed=None if seed is None else seed + i
+            )
+            for i in range(req.n or 1)
+        ]
+
+    async def _respond(
+        self,
+        request: Request,
+        call: _Call,
+        req: SamplingRequest,
+        sampling: list[SamplingParams],
+        session: Session | None,
+        choice: _ChoiceFn,
+        chunks: _ChunksFn,
+    ):
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = self._events(call, sampling, session, chunks, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            gens = await self._generate(request, call, sampling, session)
+        except EngineError as e:
+            raise _unavailable(e) from None
+        if gens is None:
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
+        self._record(session, call, gens, finished)
+        return JSONResponse(
+            {
+                **call.header(self.model_name),
+                "choices": [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)],
+                "usage": call.usage(gens),
+                "prompt_token_ids": call.prompt_ids,
+            }
+        )
+
+    async def _generate(
+        self,
+        request: Request,
+        call: _Call,
+        sampling: list[SamplingParams],
+        session: Session | None,
+    ) -> list[Generation] | None:
+        """Every choice; None if the client went away first. Raises 404 if the session
+        closes first (its rollout ended). Either way the engine drops the generations."""
+
+        async def generate_all() -> list[Generation]:
+            return list(
+                await asyncio.gather(*(self.engine.generate(call.prompt_ids, s) for s in sampling))
+            )
+
+        task = asyncio.create_task(generate_all())
+        try:
+            while not (await asyncio.wait([task], timeout=DISCONNECT_POLL_S))[0]:
+                if session is not None and session.closed:
+                    raise APIError(
+                        404,
+                        f"session {session.id!r} was closed while this call was generating",
+                        type="not_found_error",
+                    )
+                if await request.is_disconnected():
+                    return None
+            return task.result()
+        finally:
+            task.cancel()
+
+    async def _events(
+        self,
+        call: _Call,
+        sampling: list[SamplingParams],
+        session: Session | None,
+        chunks: _ChunksFn,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        """Server-sent events: each choice's chunks as soon as it is done, then usage, [DONE].
+
+        Stops every generation still running when the client goes away.
+        """
+
+        async def indexed(i: int) -> tuple[int, Generation]:
+            return i, await self.engine.generate(call.prompt_ids, sampling[i])
+
+        tasks = [asyncio.ensure_future(indexed(i)) for i in range(len(sampling))]
+        header = call.header(self.model_name, chunk=True)
+        if include_usage:
+            header["usage"] = None
+        gens: list[Generation] = [None] * len(sampling)  # type: ignore[list-item]
+        finished: list[tuple[str, str]] = [("", "")] * len(sampling)
+        first = {"prompt_token_ids": call.prompt_ids}
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                i, gens[i] = await next_done
+                finished[i] = self._finish(gens[i], sampling[i])
+                for piece in chunks(i, gens[i], *finished[i]):
+                    yield _sse({**header, **first, "choices": [piece]})
+                    first = {}
+            self._record(session, call, gens, finished)
+            if include_usage:
+                yield _sse({**header, "choices": [], "usage": call.usage(gens)})
+            yield "data: [DONE]\n\n"
+        except EngineError as e:
+            yield _sse(_unavailable(e).body())
+        finally:
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: one engine error was reported for all
+                task.cancel()
+
+    def _finish(self, gen: Generation, sampling: SamplingParams) -> tuple[str, str]:
+        """The text a client sees (special tokens dropped, cut at a stop string) and why
+        the choice ended."""
+        text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+        cuts = [i for stop in sampling.stop if (i := text.find(stop)) >= 0]
+        if cuts:
+            return text[: min(cuts)], "stop"
+        return text, gen.finish_reason
+
+    def _record(
+        self,
+        session: Session | None,
+        call: _Call,
+        gens: list[Generation],
+        finished: list[tuple[str, str]],
+    ) -> None:
+        """Record each choice, unless the session closed while it was generating."""
+        if session is None or session.closed:
+            return
+        session.interactions.extend(
+            Interaction.from_generation(call.id, gen, text)
+            for gen, (text, _) in zip(gens, finished, strict=True)
+        )
+
+    def _token_strings(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.batch_decode([[i] for i in ids])
+
+
+@dataclass
+class _Call:
+    """One request's identity: its id, OpenAI object types and prompt."""
+
+    id: str
+    object: str
+    chunk_object: str
+    prompt_ids: list[int]
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def header(self, model: str, chunk: bool = False) -> dict[str, Any]:
+        kind = self.chunk_object if chunk else self.object
+        return {"id": self.id, "object": kind, "created": self.created, "model": model}
+
+    def usage(self, gens: list[Generation]) -> dict[str, int]:
+        completion = sum(len(g.output_ids) for g in gens)
+        prompt = len(self.prompt_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+
+_ChoiceFn = Callable[[int, Generation, str, str], dict]
+_ChunksFn = Callable[[int, Generation, str, str], list[dict]]
+
+
+def _unavailable(error: EngineError) -> APIError:
+    message = f"the engine could not serve this request: {error}"
+    return APIError(503, message, type="service_unavailable")
+
+
+def _token_logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {
+        "token": token,
+        "logprob": max(logprob, MIN_LOGPROB),
+        "bytes": list(token.encode("utf-8")),
+    }
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"

@@ -1,0 +1,169 @@
+"""Running the gateway app over HTTP.
+
+Owns: GatewayServer (uvicorn as a task inside the caller's event loop, so the
+engine, the gateway and the rollout controller share one loop and one process),
+opening sessions as SessionHandles agents can use, and `serve`, the blocking
+sessionless server behind `looprl serve`. Does not own the routes (app.py).
+
+Concurrency contract: `start` binds the socket itself (a busy port raises OSError
+here instead of uvicorn exiting the process) and returns once uvicorn accepts
+connections. The server task serves until `stop`, which lets in-flight requests
+finish for up to `GRACEFUL_SHUTDOWN_S`, then re-raises anything the task died of.
+Ctrl-C stays with the embedding program: uvicorn's signal handlers are not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from looprl.config import EngineConfig
+from looprl.engines.local import LocalEngine
+from looprl.gateway.app import create_app
+from looprl.gateway.sessions import Session, SessionStore
+from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_tokenizer, model_config
+
+log = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+@dataclass(frozen=True)
+class SessionHandle:
+    """What an agent needs to talk to one session: an OpenAI base_url and api_key."""
+
+    id: str
+    base_url: str
+    api_key: str
+
+
+class _EmbeddedServer(uvicorn.Server):
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class GatewayServer:
+    """A gateway app (from `create_app`) served on `host:port` (0 picks a free port)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        self.app = app
+        self.host = host
+        self.port = port
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def store(self) -> SessionStore:
+        return self.app.state.store
+
+    async def start(self) -> None:
+        """Bind, start serving in the background, return once connections are accepted."""
+        if self._task is not None:
+            raise RuntimeError(f"GatewayServer on {self.url} is already started")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            raise OSError(
+                e.errno,
+                f"gateway cannot bind {self.host}:{self.port}: {e.strerror}; "
+                "choose another gateway.port (0 picks a free one)",
+            ) from e
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
+        while not self._server.started:
+            if self._task.done():
+                await self._task  # raises why it stopped
+                raise RuntimeError(f"the gateway on {self.url} stopped while starting")
+            await asyncio.sleep(0.005)
+        log.debug("Gateway listening on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), re-raise a crash."""
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        task, self._task = self._task, None
+        await task
+
+    async def __aenter__(self) -> GatewayServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle:
+        session = self.store.open(sampling_overrides)
+        return SessionHandle(session.id, f"{self.url}/sessions/{session.id}/v1", session.api_key)
+
+    def close_session(self, session_id: str) -> Session:
+        return self.store.close(session_id)
+
+
+def serve(
+    model_path: str = DEFAULT_MODEL,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    dtype: str = "float32",
+    model_name: str | None = None,
+) -> None:
+    """Serve a model at `http://host:port/v1` (no sessions, no auth) until Ctrl-C or SIGTERM.
+
+    `model_name` is what /v1/models reports; by default the model folder's name.
+    """
+    asyncio.run(_serve(model_path, host, port, dtype, model_name))
+
+
+async def _serve(model_path: str, host: str, port: int, dtype: str, model_name: str | None) -> None:
+    if model_name is None:
+        model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
+    engine = LocalEngine.from_config(model_path, EngineConfig(dtype=dtype))
+    app = create_app(
+        engine,
+        load_tokenizer(model_path),
+        model_name=model_name,
+        store=SessionStore(),
+        sessionless=True,
+        max_model_len=model_config(model_path).max_position_embeddings,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with GatewayServer(app, host, port) as server:
+            log.info(
+                "Serving %s at %s/v1 (any model name is accepted); Ctrl-C stops",
+                model_name,
+                server.url,
+            )
+            await stop.wait()
+            log.info("Stopping: letting requests in flight finish")
+    finally:
+        await engine.stop()

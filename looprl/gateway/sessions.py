@@ -1,0 +1,142 @@
+"""Gateway sessions: the calls and the reward of one rollout.
+
+Owns: a Session (its id, its secret API key, every model call recorded on it, the
+reward an agent posted over HTTP) and the SessionStore the gateway looks sessions up
+in. Does not own HTTP (app.py) or how calls become training samples (trajectory.py).
+
+Sessions live on one event loop: the store is a plain dict, and nothing here awaits,
+so no lock is needed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from looprl.trajectory import TrajectoryMode, build_trajectories
+from looprl.types import Interaction, SamplingParams, Trajectory
+
+Reward = float | dict[str, float]
+
+# Request fields a session may force, and the SamplingParams field each one sets.
+OVERRIDABLE = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "max_tokens": "max_new_tokens",
+    "stop": "stop",
+    "seed": "seed",
+}
+
+
+@dataclass
+class Session:
+    """One rollout's view of the gateway.
+
+    `interactions` holds one entry per choice of every call, in the order the calls
+    finished (the choices of one call in index order, sharing its completion id).
+    `reward` is what the agent posted to `/sessions/{id}/reward`: a float for the
+    whole rollout, or {completion_id: reward} for per-call credit.
+    `sampling_overrides` holds request fields (keys of OVERRIDABLE) that win over what
+    the agent sends, e.g. {"temperature": 0.0} for greedy evaluation.
+    """
+
+    id: str
+    api_key: str
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    interactions: list[Interaction] = field(default_factory=list)
+    reward: Reward | None = None
+    closed: bool = False
+    created_s: float = field(default_factory=time.time)
+
+    def completion_ids(self) -> set[str]:
+        return {it.completion_id for it in self.interactions}
+
+    def post_reward(self, reward: Reward) -> None:
+        """Record a posted reward: a float replaces everything, a dict adds per-call rewards.
+
+        Raises ValueError naming a completion id this session never returned.
+        """
+        if isinstance(reward, dict):
+            unknown = sorted(set(reward) - self.completion_ids())
+            if unknown:
+                raise ValueError(
+                    f"completion id {unknown[0]!r} was not returned by session {self.id}; "
+                    "post rewards for the `id` of a response from this session"
+                )
+            merged = self.reward if isinstance(self.reward, dict) else {}
+            self.reward = {**merged, **reward}
+        else:
+            self.reward = float(reward)
+
+    def export(
+        self,
+        mode: TrajectoryMode,
+        group_id: str,
+        reward: Reward | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> tuple[list[Trajectory], dict[str, int]]:
+        """Training samples of this session and their stats (see `build_trajectories`).
+
+        `reward` (what the workflow returned) wins over a posted reward; with neither,
+        raises ValueError.
+        """
+        reward = self.reward if reward is None else reward
+        if reward is None:
+            raise ValueError(
+                f"session {self.id} has no reward: the workflow returned None and no reward "
+                f"was posted to /sessions/{self.id}/reward"
+            )
+        return build_trajectories(
+            self.interactions, reward, mode, group_id=group_id, session_id=self.id, decode=decode
+        )
+
+
+class SessionStore:
+    """The open sessions, by id. `close` removes a session; later calls to it get 404."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, sampling_overrides: dict[str, Any] | None = None) -> Session:
+        """A new session; raises ValueError naming a bad field of `sampling_overrides`."""
+        overrides = dict(sampling_overrides or {})
+        SamplingParams(**sampling_fields(overrides, "sampling_overrides"))
+        session = Session(
+            id=secrets.token_hex(8),
+            api_key=secrets.token_urlsafe(24),
+            sampling_overrides=overrides,
+        )
+        self._sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def close(self, session_id: str) -> Session:
+        """Remove and return a session; calls still in flight on it are not recorded."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise KeyError(f"session {session_id!r} is not open (never opened or already closed)")
+        session.closed = True
+        return session
+
+
+def sampling_fields(request_fields: dict[str, Any], where: str) -> dict[str, Any]:
+    """Request fields (OpenAI names, None meaning unset) as SamplingParams fields."""
+    unknown = sorted(set(request_fields) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown field {unknown[0]!r}; known: {', '.join(OVERRIDABLE)}"
+        )
+    return {
+        OVERRIDABLE[name]: [value] if name == "stop" and isinstance(value, str) else value
+        for name, value in request_fields.items()
+        if value is not None
+    }
