@@ -1,0 +1,506 @@
+"""The in-process PyTorch inference engine, with continuous batching.
+
+Owns: a private copy of a Hugging Face causal LM in the engine's dtype, the queue of
+waiting requests, the running batch (its KV cache, attention mask, positions) and
+per-request sampling. Does not own tokenization: token ids go in and come out; the
+optional `decode` callable is used only to detect stop strings.
+
+How a step runs. Rows are left-padded into one `DynamicCache`, each with explicit
+position ids, so prompts of any length share it. At every step boundary, waiting
+requests that fit (`max_batch_size` rows; `max_tokens_per_batch` tokens, counting each
+row's prompt + max_new_tokens) are prefilled in one forward and their cache is padded
+and stacked onto the running one (continuous batching); running rows advance by one
+decode forward. Every row then samples with its own params from float32 logits, and
+finished rows leave the batch at once, their callers answered at that boundary.
+
+Concurrency contract:
+- `generate` (on the event loop) validates, appends to the waiting queue, sets the
+  wake-up event and awaits its future.
+- The batcher task `_run` (one per engine; the first `generate` or `start()` starts
+  it) consumes the waiting queue. It waits for the wake-up event when nothing is queued
+  or running, `batch_wait_ms` before the first step of an idle batch (so concurrent
+  callers share it), and for `resume()` while paused. Each step holds the model lock
+  and runs in a worker thread, so the loop (and an HTTP server on it) stays responsive.
+- `update_weights` and `pause` take the same lock, so they never overlap a forward:
+  weights change and decoding halts exactly at a step boundary.
+- A failing step fails every running and waiting request with EngineError chained to
+  the cause, and the task goes on serving new requests. `stop()` waits for the step in
+  flight, cancels the task, and fails every request left with EngineError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+from looprl.config import EngineConfig
+from looprl.engines.base import EngineError
+from looprl.models import DTYPES, load_model, load_tokenizer
+from looprl.types import FinishReason, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    """One generate call, from the waiting queue until its future is resolved."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future[Generation]
+    generator: torch.Generator | None  # own RNG when sampling.seed is set
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    @property
+    def reserved_tokens(self) -> int:
+        return len(self.prompt_ids) + self.sampling.max_new_tokens
+
+    def generation(self) -> Generation:
+        assert self.finish_reason is not None, "only a finished request has a Generation"
+        return Generation(
+            prompt_ids=self.prompt_ids,
+            output_ids=self.output_ids,
+            logprobs=self.logprobs,
+            versions=self.versions,
+            finish_reason=self.finish_reason,
+            top_logprobs=self.top_logprobs if self.sampling.top_logprobs else None,
+        )
+
+
+class LocalEngine:
+    """Serves `generate` from a private copy of `model`, on the device `model` is on.
+
+    `eos_token_ids` end every generation; `decode` (token ids -> text) is needed only
+    for requests with stop strings. `version` is the policy version of `model`'s
+    weights. Batching limits are described in EngineConfig. An engine serves the one
+    event loop it is first used on.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        eos_token_ids: list[int],
+        decode: Callable[[list[int]], str] | None = None,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        max_tokens_per_batch: int = 65536,
+        batch_wait_ms: float = 5.0,
+        version: int = 0,
+    ) -> None:
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"engine dtype={dtype!r} must be 'float32' or 'bfloat16'")
+        if max_batch_size < 1 or max_tokens_per_batch < 1:
+            raise ValueError(
+                f"max_batch_size={max_batch_size} and max_tokens_per_batch="
+                f"{max_tokens_per_batch} must both be >= 1"
+            )
+        # A copy, so the trainer can keep updating its own model while this one serves.
+        self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
+        self._eos_token_ids = frozenset(eos_token_ids)
+        self._decode = decode
+        self._max_batch_size = max_batch_size
+        self._max_tokens_per_batch = max_tokens_per_batch
+        self._batch_wait_s = batch_wait_ms / 1000
+        self._version = version
+        self._device = self._model.device
+        self._vocab_size = self._model.get_input_embeddings().num_embeddings
+        self._max_positions = self._model.config.max_position_embeddings
+        # Seeded from torch's global RNG, so torch.manual_seed makes unseeded runs repeatable.
+        self._generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+
+        self._waiting: deque[_Request] = deque()
+        self._wakeup = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._model_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+        # The running batch, touched only by the batcher task and its step thread.
+        self._rows: list[_Request] = []
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, S) 1 = real token
+        self._positions = torch.zeros(0, dtype=torch.long)  # (B,) position of the next token
+        self._last_tokens = torch.zeros(0, dtype=torch.long)  # (B,) next decode input
+        self._cache_is_stale = False  # set by update_weights: recompute before decoding
+
+    @classmethod
+    def from_config(cls, model_path: str, cfg: EngineConfig) -> LocalEngine:
+        """Load model and tokenizer from `model_path` (a folder or 'default')."""
+        model = load_model(model_path, cfg.dtype)
+        tokenizer = load_tokenizer(model_path)
+        eos = model.generation_config.eos_token_id
+        eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
+        return cls(
+            model,
+            eos_token_ids=sorted(i for i in eos_ids if i is not None),
+            decode=tokenizer.decode,
+            dtype=cfg.dtype,
+            max_batch_size=cfg.max_batch_size,
+            max_tokens_per_batch=cfg.max_tokens_per_batch,
+            batch_wait_ms=cfg.batch_wait_ms,
+        )
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Sample a continuation; waits while the batch is full or the engine paused."""
+        self._validate(prompt_ids, sampling)
+        await self.start()
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator().manual_seed(sampling.seed)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Request(list(prompt_ids), sampling, future, generator))
+        self._wakeup.set()
+        return await future
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `state_dict` into the engine's model between two steps; set `version`."""
+        async with self._model_lock:
+            try:
+                await asyncio.to_thread(self._model.load_state_dict, state_dict)
+            except RuntimeError as e:
+                raise EngineError(
+                    f"update_weights(version={version}): the state dict does not match the "
+                    f"engine's model ({type(self._model).__name__}): {e}"
+                ) from e
+            self._version = version
+            self._cache_is_stale = True
+
+    async def pause(self) -> None:
+        """Halt decoding; returns once the step in flight (if any) has finished."""
+        self._resumed.clear()
+        async with self._model_lock:
+            pass
+
+    async def resume(self) -> None:
+        self._resumed.set()
+
+    async def start(self) -> None:
+        """Start the batcher task on the running loop (generate does it on first use)."""
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="looprl-local-engine")
+
+    async def stop(self) -> None:
+        """End the batcher task after the step in flight; unfinished requests fail."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        async with self._model_lock:
+            task.cancel()
+            await asyncio.wait([task])
+
+    def _validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        if not prompt_ids:
+            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+        bad = [i for i in prompt_ids if not 0 <= i < self._vocab_size]
+        if bad:
+            raise EngineError(
+                f"prompt_ids holds {bad[0]}, outside the model's vocabulary [0, "
+                f"{self._vocab_size}); tokenize with the model's own tokenizer"
+            )
+        total = len(prompt_ids) + sampling.max_new_tokens
+        if total > self._max_positions:
+            raise EngineError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens="
+                f"{sampling.max_new_tokens} = {total} exceeds the model's "
+                f"max_position_embeddings={self._max_positions}; shorten the prompt or "
+                "lower max_new_tokens"
+            )
+        if total > self._max_tokens_per_batch:
+            raise EngineError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens="
+                f"{sampling.max_new_tokens} = {total} exceeds the engine's KV budget "
+                f"max_tokens_per_batch={self._max_tokens_per_batch}; raise "
+                "engine.max_tokens_per_batch or lower max_new_tokens"
+            )
+        if sampling.stop and self._decode is None:
+            raise EngineError(
+                f"stop={sampling.stop!r} needs text, but this engine has no decode "
+                "function; build it with decode=tokenizer.decode (from_config does)"
+            )
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if not self._rows:
+                    while not self._waiting:
+                        self._wakeup.clear()
+                        await self._wakeup.wait()
+                    await asyncio.sleep(self._batch_wait_s)
+                await self._resumed.wait()
+                try:
+                    async with self._model_lock:
+                        new = self._admit()
+                        finished = await asyncio.to_thread(self._step, new, self._version)
+                    for request in finished:
+                        if not request.future.done():
+                            request.future.set_result(request.generation())
+                except Exception as e:
+                    log.exception("The local engine failed a step; failing its requests")
+                    self._fail_all(e)
+        finally:
+            self._fail_all(None)
+
+    def _admit(self) -> list[_Request]:
+        """Move waiting requests that fit the batch limits into the next step, in order."""
+        new: list[_Request] = []
+        reserved = sum(r.reserved_tokens for r in self._rows)
+        while self._waiting and len(self._rows) + len(new) < self._max_batch_size:
+            request = self._waiting[0]
+            if request.future.done():  # the caller gave up (cancelled) while waiting
+                self._waiting.popleft()
+                continue
+            if reserved + request.reserved_tokens > self._max_tokens_per_batch:
+                break  # first come, first served: later requests do not overtake it
+            reserved += request.reserved_tokens
+            new.append(self._waiting.popleft())
+        return new
+
+    def _fail_all(self, cause: Exception | None) -> None:
+        """Fail every running and waiting request (cause None: the engine stopped)."""
+        requests = [*self._rows, *self._waiting]
+        self._waiting.clear()
+        self._reset_batch()
+        for request in requests:
+            if request.future.done():
+                continue
+            if cause is None:
+                error = EngineError("the local engine stopped before this request finished")
+            else:
+                error = EngineError(
+                    f"the local engine failed while serving this request: "
+                    f"{type(cause).__name__}: {cause}"
+                )
+                error.__cause__ = cause
+            request.future.set_exception(error)
+
+    def _reset_batch(self) -> None:
+        self._rows = []
+        self._cache = None
+        self._mask = self._mask[:0, :0]
+        self._positions = self._positions[:0]
+        self._last_tokens = self._last_tokens[:0]
+
+    @torch.inference_mode()
+    def _step(self, new: list[_Request], version: int) -> list[_Request]:
+        """One decode forward for running rows, one prefill for `new`; sample; prune.
+
+        Runs in a worker thread while the batcher task holds the model lock. Returns the
+        requests that finished at this step. After update_weights, every running row is
+        prefilled again (prompt + tokens so far) with the new weights instead of decoded
+        on a cache the old weights computed, so each token tagged `version` is sampled
+        from exactly that version's policy (as in AReaL's interruptible generation).
+        """
+        running = self._rows
+        self._rows = running + new  # first, so a failing forward fails these callers too
+        if not self._rows:
+            return []
+        if self._cache_is_stale:
+            self._cache_is_stale = False
+            self._cache = None
+            logits = self._forward_prefill(self._rows)
+        else:
+            parts = [self._forward_decode()] if running else []
+            if new:
+                parts.append(self._forward_prefill(new))
+            logits = torch.cat(parts)
+        tokens, logprobs, top = self._sample(logits.float())
+        finished, keep = [], []
+        for i, (request, token, logprob) in enumerate(
+            zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            request.versions.append(version)
+            if request.sampling.top_logprobs:
+                request.top_logprobs.append(top[i][: request.sampling.top_logprobs])
+            request.finish_reason = self._finish_reason(request)
+            # Reading future.done() from this thread is a plain attribute read; a
+            # cancelled caller's row is dropped instead of decoded to the end.
+            if request.finish_reason or request.future.done():
+                finished.append(request)
+            else:
+                keep.append(i)
+        self._last_tokens = tokens
+        if finished:
+            self._keep_rows(keep)
+        return finished
+
+    def _forward_decode(self) -> torch.Tensor:
+        """Feed each running row its last sampled token; returns (B, V) logits."""
+        self._mask = F.pad(self._mask, (0, 1), value=1)
+        out = self._model(
+            input_ids=self._last_tokens[:, None],
+            attention_mask=self._mask,
+            position_ids=self._positions[:, None],
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._positions = self._positions + 1
+        return out.logits[:, -1]
+
+    def _forward_prefill(self, requests: list[_Request]) -> torch.Tensor:
+        """Prefill each request's tokens so far, left-padded; stack onto the running cache.
+
+        Returns (len(requests), V) logits for each request's next token.
+        """
+        sequences = [r.prompt_ids + r.output_ids for r in requests]
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros(len(sequences), width, dtype=torch.long)
+        for i, sequence in enumerate(sequences):
+            ids[i, width - len(sequence) :] = torch.tensor(sequence)
+            mask[i, width - len(sequence) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        lengths = mask.sum(dim=-1)
+        cache = DynamicCache()
+        out = self._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if self._cache is None:
+            self._cache, self._mask, self._positions = cache, mask, lengths
+        else:
+            # Left-pad the shorter of the two caches (masked out) so both have S columns.
+            s = max(self._mask.shape[1], width)
+            for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
+                old_layer.keys = torch.cat(
+                    [_left_pad(old_layer.keys, s), _left_pad(new_layer.keys, s)]
+                )
+                old_layer.values = torch.cat(
+                    [_left_pad(old_layer.values, s), _left_pad(new_layer.values, s)]
+                )
+            self._mask = torch.cat([_left_pad(self._mask, s, dim=1), _left_pad(mask, s, dim=1)])
+            self._positions = torch.cat([self._positions, lengths])
+        return out.logits[:, -1]
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Drop finished rows, then cache columns that are padding in every row left."""
+        if not keep:
+            self._reset_batch()
+            return
+        index = torch.tensor(keep, device=self._device)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask = self._mask[index]
+        self._positions = self._positions[index]
+        self._last_tokens = self._last_tokens[index]
+        first = int(self._mask.any(dim=0).int().argmax())
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+        self._mask = self._mask[:, first:]
+
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Pick one token per row under that row's params; logits are (B, V) float32.
+
+        Temperature, then top-k, then top-p define the distribution sampled from, and
+        the reported logprob is under exactly that distribution. Greedy rows
+        (temperature 0) take the argmax and report the untempered log-softmax. Draws
+        use the inverse CDF with one uniform per row (torch.multinomial draws one
+        exponential per vocabulary entry: 40% of a CPU decode step).
+        Returns tokens (B,), logprobs (B,) and per row the top (id, logprob) pairs.
+        """
+        params = [r.sampling for r in self._rows]
+        device = logits.device
+        greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
+        temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+        top_k = torch.tensor([0 if p.temperature == 0 else p.top_k for p in params], device=device)
+        top_p = torch.tensor(
+            [1.0 if p.temperature == 0 else p.top_p for p in params], device=device
+        )
+
+        x = logits
+        if bool((temperature != 1).any()):
+            x = x / temperature[:, None]
+        if bool((top_k > 0).any()):
+            x = _apply_top_k(x, top_k.clamp(max=x.shape[-1]))
+        if bool((top_p < 1).any()):
+            x = _apply_top_p(x, top_p)
+        probs = x.softmax(dim=-1)  # (B, V)
+
+        uniform = torch.rand(len(params), generator=self._generator)
+        for i, request in enumerate(self._rows):
+            if request.generator is not None:  # seeded: independent of the batch around it
+                uniform[i] = torch.rand((), generator=request.generator)
+        cdf = probs.cumsum(dim=-1)  # (B, V)
+        # right=True never lands on a zero-probability token; u < cdf[:, -1] always.
+        u = uniform.to(device)[:, None] * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=x.shape[-1] - 1)
+        if bool(greedy.any()):
+            tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
+        # log of a float32 probability is accurate to ~1e-7 absolute, like log_softmax.
+        logprobs = probs.gather(1, tokens[:, None])[:, 0].log()
+
+        k = max(p.top_logprobs for p in params)
+        top = []
+        if k:
+            values, ids = probs.topk(k, dim=-1)
+            top = [  # tokens truncated away (probability 0) are not among the likely ones
+                [(i, v) for i, v in zip(row_ids, row_values, strict=True) if v > -math.inf]
+                for row_ids, row_values in zip(ids.tolist(), values.log().tolist(), strict=True)
+            ]
+        return tokens, logprobs, top
+
+    def _finish_reason(self, request: _Request) -> FinishReason | None:
+        token, sampling = request.output_ids[-1], request.sampling
+        if token in self._eos_token_ids or token in sampling.stop_token_ids:
+            return "stop"
+        if sampling.stop and self._decode is not None:
+            # Decode only the tail that can hold a stop string ending at this token: a
+            # string of n characters is at most 4n UTF-8 bytes, hence at most 4n tokens,
+            # plus one token that may start mid-character.
+            window = 4 * max(len(s) for s in sampling.stop) + 1
+            text = self._decode(request.output_ids[-window:])
+            if any(s in text for s in sampling.stop):
+                return "stop"
+        if len(request.output_ids) >= sampling.max_new_tokens:
+            return "length"
+        return None
+
+
+def _left_pad(t: torch.Tensor, size: int, dim: int = 2) -> torch.Tensor:
+    """Zero-pad `t` on the left of `dim` up to `size` (dim 2 of (B, H, S, D) KV tensors)."""
+    missing = size - t.shape[dim]
+    if missing == 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
+    return F.pad(t, pad)
+
+
+def _apply_top_k(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask all but each row's k largest logits (k 0: row untouched); ties at the kth kept."""
+    kth = x.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).clamp(min=0)[:, None])
+    return x.masked_fill((k[:, None] > 0) & (x < kth), -torch.inf)
+
+
+def _apply_top_p(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest set of most likely tokens whose mass reaches p (p 1: untouched)."""
+    rows = (p < 1).nonzero()[:, 0]
+    sorted_x, order = x[rows].sort(dim=-1, descending=True)
+    probs = sorted_x.softmax(dim=-1)
+    drop = probs.cumsum(dim=-1) - probs >= p[rows, None]  # mass before it already reaches p
+    x = x.clone()
+    x[rows] = torch.empty_like(sorted_x).scatter(1, order, sorted_x.masked_fill(drop, -torch.inf))
+    return x

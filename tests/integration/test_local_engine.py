@@ -1,0 +1,332 @@
+"""LocalEngine against real model files: logprob parity, batching, stops, versions, limits.
+
+The reference for every logprob is a plain teacher-forced forward of the same weights on
+prompt + output, without padding, cache or batching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from looprl.engines.base import EngineError
+from looprl.engines.local import LocalEngine
+from looprl.models import load_model, load_tokenizer
+from looprl.types import Generation, SamplingParams
+
+QUESTIONS = [
+    "What is 2 + 3?",
+    "Name a color.",
+    "Write one sentence about the sea and the wind over it.",
+    "Hi",
+    "Count from one to five, please, separated by commas.",
+    "What is the capital of France?",
+    "7 * 8 = ?",
+    "Tell me a short joke about a cat who learned to program in Python.",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    """Chat-templated prompts of different lengths (so batches are padded)."""
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False
+        )
+        for q in QUESTIONS
+    ]
+
+
+def random_model(model_dir, seed: int) -> LlamaForCausalLM:
+    """The tiny fixture model's architecture, untied and initialized at a larger scale.
+
+    With tied embeddings at the default scale, a random model's greedy output repeats the
+    last prompt token, which would make every greedy comparison pass trivially.
+    """
+    config = LlamaConfig.from_pretrained(
+        model_dir, tie_word_embeddings=False, initializer_range=0.1
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir) -> LlamaForCausalLM:
+    return random_model(tiny_model_dir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def other_tiny_model(tiny_model_dir) -> LlamaForCausalLM:
+    """Different weights for the same architecture, to load with update_weights."""
+    return random_model(tiny_model_dir, seed=1)
+
+
+@pytest.fixture(scope="module")
+def smol_model(smol_model_dir) -> LlamaForCausalLM:
+    return load_model(smol_model_dir)
+
+
+@pytest.fixture
+async def tiny_engine(tiny_model, tokenizer):
+    engine = LocalEngine(
+        tiny_model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode
+    )
+    yield engine
+    await engine.stop()
+
+
+def teacher_forced_logprobs(
+    model: LlamaForCausalLM, gen: Generation, temperature: float = 1.0
+) -> torch.Tensor:
+    """log_softmax(logits / T) of each output token, from one unbatched forward."""
+    ids = torch.tensor([gen.prompt_ids + gen.output_ids])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(gen.prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(1, torch.tensor(gen.output_ids)[:, None])[:, 0]
+
+
+async def generate_all(engine, prompts, sampling) -> list[Generation]:
+    return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_logprobs_match_teacher_forcing_real_model(
+    smol_model, tokenizer, prompts, temperature
+):
+    engine = LocalEngine(smol_model, eos_token_ids=[tokenizer.eos_token_id])
+    sampling = SamplingParams(max_new_tokens=10, temperature=temperature)
+    gens = await generate_all(engine, prompts[:4], sampling)
+    await engine.stop()
+    for gen in gens:
+        expected = teacher_forced_logprobs(smol_model, gen, temperature)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3, rtol=0)
+
+
+async def test_event_loop_stays_responsive_while_decoding(smol_model, prompts):
+    """Forwards run in a worker thread: a coroutine sharing the loop keeps ticking."""
+    engine = LocalEngine(smol_model, eos_token_ids=[])
+    ticks: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.005)
+
+    ticking = asyncio.create_task(ticker())
+    start = time.perf_counter()
+    await engine.generate(prompts[0], SamplingParams(max_new_tokens=16))
+    elapsed = time.perf_counter() - start
+    ticking.cancel()
+    await engine.stop()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) > 10 and max(gaps) < elapsed / 4
+
+
+async def test_logprobs_match_teacher_forcing_with_top_k_top_p(tiny_engine, tiny_model, prompts):
+    """Truncated sampling reports logprobs under the renormalized truncated distribution."""
+    t, k, p = 0.8, 20, 0.5
+    sampling = SamplingParams(max_new_tokens=8, temperature=t, top_k=k, top_p=p, top_logprobs=3)
+    gens = await generate_all(tiny_engine, prompts, sampling)
+    for gen in gens:
+        ids = torch.tensor([gen.prompt_ids + gen.output_ids])
+        with torch.inference_mode():
+            logits = tiny_model(input_ids=ids).logits[0, len(gen.prompt_ids) - 1 : -1]
+        for step, token in enumerate(gen.output_ids):
+            sorted_logits, order = (logits[step] / t).sort(descending=True)
+            probs = sorted_logits[:k].softmax(-1)
+            keep = int(((probs.cumsum(-1) - probs) < p).sum())
+            kept = sorted_logits[:keep].log_softmax(-1)
+            position = order[:keep].tolist().index(token)  # sampled token was kept
+            assert gen.logprobs[step] == pytest.approx(float(kept[position]), abs=1e-4)
+            top = gen.top_logprobs[step]
+            assert [i for i, _ in top] == order[: min(3, keep)].tolist()
+            assert [lp for _, lp in top] == pytest.approx(kept[:3].tolist(), abs=1e-4)
+
+
+async def test_greedy_batched_equals_one_at_a_time(tiny_engine, prompts):
+    sampling = SamplingParams(max_new_tokens=12, temperature=0)
+    alone = [await tiny_engine.generate(p, sampling) for p in prompts]
+    batched = await generate_all(tiny_engine, prompts, sampling)
+    assert [g.output_ids for g in batched] == [g.output_ids for g in alone]
+    for a, b in zip(alone, batched, strict=True):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+async def test_greedy_logprobs_are_untempered(tiny_engine, tiny_model, prompts):
+    gen = await tiny_engine.generate(prompts[0], SamplingParams(max_new_tokens=6, temperature=0))
+    expected = teacher_forced_logprobs(tiny_model, gen)
+    assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_bfloat16_engine_logprobs_are_close_to_float32(tiny_model, prompts):
+    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="bfloat16")
+    gens = await generate_all(engine, prompts[:3], SamplingParams(max_new_tokens=8))
+    await engine.stop()
+    assert next(tiny_model.parameters()).dtype == torch.float32  # the engine has its own copy
+    for gen in gens:
+        expected = teacher_forced_logprobs(tiny_model, gen)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=0.05, rtol=0)
+
+
+async def test_requests_join_a_running_batch(tiny_engine, prompts):
+    """A request arriving mid-decode joins the batch and gets the same greedy tokens."""
+    greedy = SamplingParams(max_new_tokens=40, temperature=0)
+    alone = [await tiny_engine.generate(p, greedy) for p in prompts[:3]]
+    first = asyncio.create_task(tiny_engine.generate(prompts[0], greedy))
+    await tiny_engine.generate(prompts[1], SamplingParams(max_new_tokens=2, temperature=0))
+    late = await generate_all(tiny_engine, prompts[1:3], greedy)  # join `first` mid-way
+    assert [g.output_ids for g in [await first, *late]] == [g.output_ids for g in alone]
+
+
+async def test_top_k_1_equals_greedy(tiny_engine, prompts):
+    greedy = await generate_all(tiny_engine, prompts, SamplingParams(16, temperature=0))
+    top1 = await generate_all(tiny_engine, prompts, SamplingParams(16, temperature=1, top_k=1))
+    assert [g.output_ids for g in top1] == [g.output_ids for g in greedy]
+    assert all(lp == 0.0 for g in top1 for lp in g.logprobs)
+    one = await tiny_engine.generate(prompts[0], SamplingParams(4, top_k=1, top_logprobs=5))
+    assert one.top_logprobs == [[(t, 0.0)] for t in one.output_ids]
+
+
+async def test_seeded_sampling_is_independent_of_the_batch(tiny_engine, prompts):
+    seeded = SamplingParams(max_new_tokens=16, temperature=1.0, seed=1234)
+    alone = await tiny_engine.generate(prompts[0], seeded)
+    others = [tiny_engine.generate(p, SamplingParams(16, seed=i)) for i, p in enumerate(prompts)]
+    in_batch, twin, *_ = await asyncio.gather(
+        tiny_engine.generate(prompts[0], seeded), tiny_engine.generate(prompts[0], seeded), *others
+    )
+    assert in_batch.output_ids == alone.output_ids == twin.output_ids
+    unseeded = await generate_all(tiny_engine, [prompts[0]] * 2, SamplingParams(16))
+    assert unseeded[0].output_ids != unseeded[1].output_ids
+
+
+async def test_finish_reasons(tiny_model, tokenizer, tiny_engine, prompts):
+    prompt = prompts[2]
+    ref = await tiny_engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+    assert ref.finish_reason == "length" and len(ref.output_ids) == 12
+
+    stop_id = ref.output_ids[5]
+    cut = ref.output_ids.index(stop_id) + 1
+    by_id = await tiny_engine.generate(
+        prompt, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop_id])
+    )
+    assert (by_id.output_ids, by_id.finish_reason) == (ref.output_ids[:cut], "stop")
+
+    text = tokenizer.decode(ref.output_ids[6:8])
+    cut = next(n for n in range(1, 13) if text in tokenizer.decode(ref.output_ids[:n]))
+    by_text = await tiny_engine.generate(
+        prompt, SamplingParams(max_new_tokens=12, temperature=0, stop=[text])
+    )
+    assert (by_text.output_ids, by_text.finish_reason) == (ref.output_ids[:cut], "stop")
+
+    eos_engine = LocalEngine(tiny_model, eos_token_ids=[ref.output_ids[3]])
+    by_eos = await eos_engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+    await eos_engine.stop()
+    cut = ref.output_ids.index(ref.output_ids[3]) + 1
+    assert (by_eos.output_ids, by_eos.finish_reason) == (ref.output_ids[:cut], "stop")
+
+
+async def test_update_weights_changes_output_and_versions(
+    tiny_engine, tiny_model, other_tiny_model, prompts
+):
+    other = other_tiny_model
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    before = await tiny_engine.generate(prompts[0], greedy)
+    assert before.versions == [0] * 12
+
+    await tiny_engine.update_weights(other.state_dict(), version=1)
+    after = await tiny_engine.generate(prompts[0], greedy)
+    assert tiny_engine.version == 1 and after.versions == [1] * 12
+    assert after.output_ids != before.output_ids
+    assert torch.allclose(
+        torch.tensor(after.logprobs), teacher_forced_logprobs(other, after), atol=1e-4
+    )
+
+    await tiny_engine.update_weights(tiny_model.state_dict(), version=2)
+    again = await tiny_engine.generate(prompts[0], greedy)
+    assert again.output_ids == before.output_ids and again.versions == [2] * 12
+
+
+async def test_update_weights_mid_generation_tags_tokens(
+    tiny_engine, tiny_model, other_tiny_model, prompts
+):
+    """Tokens before the update carry version 0, after it version 1, each matching its weights."""
+    other = other_tiny_model
+    long = asyncio.create_task(
+        tiny_engine.generate(prompts[0], SamplingParams(max_new_tokens=200, temperature=0))
+    )
+    # Answered at the first step boundary, when `long` holds exactly one token.
+    await tiny_engine.generate(prompts[1], SamplingParams(max_new_tokens=1, temperature=0))
+    await tiny_engine.update_weights(other.state_dict(), version=1)
+    gen = await long
+    switch = gen.versions.index(1)
+    assert 1 <= switch <= 3 and gen.versions == [0] * switch + [1] * (200 - switch)
+    tf0, tf1 = teacher_forced_logprobs(tiny_model, gen), teacher_forced_logprobs(other, gen)
+    logprobs = torch.tensor(gen.logprobs)
+    assert torch.allclose(logprobs[:switch], tf0[:switch], atol=1e-4)
+    assert torch.allclose(logprobs[switch:], tf1[switch:], atol=1e-4)
+
+
+async def test_pause_holds_decoding_until_resume(tiny_engine, tiny_model, prompts):
+    await tiny_engine.pause()
+    pending = asyncio.create_task(tiny_engine.generate(prompts[0], SamplingParams(4)))
+    await asyncio.sleep(0.1)
+    assert not pending.done()
+    await tiny_engine.update_weights(tiny_model.state_dict(), version=5)
+    await tiny_engine.resume()
+    assert (await pending).versions == [5] * 4
+
+
+async def test_kv_budget(tiny_model, prompts):
+    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=100)
+    too_big = SamplingParams(max_new_tokens=101 - len(prompts[0]), temperature=0)
+    with pytest.raises(EngineError, match="max_tokens_per_batch=100"):
+        await engine.generate(prompts[0], too_big)
+    # Each fills more than half the budget, so they must run one after another.
+    sampling = SamplingParams(max_new_tokens=60 - len(prompts[0]), temperature=0)
+    gens = await generate_all(engine, [prompts[0]] * 4, sampling)
+    await engine.stop()
+    assert all(g.output_ids == gens[0].output_ids for g in gens)
+    assert all(g.finish_reason == "length" for g in gens)
+
+
+async def test_invalid_prompts(tiny_engine, prompts):
+    with pytest.raises(EngineError, match="empty"):
+        await tiny_engine.generate([], SamplingParams())
+    with pytest.raises(EngineError, match="1024"):  # tiny model's max_position_embeddings
+        await tiny_engine.generate(prompts[0], SamplingParams(max_new_tokens=1024))
+    with pytest.raises(EngineError, match="vocabulary"):
+        await tiny_engine.generate([10**9], SamplingParams())
+
+
+async def test_step_failure_reaches_every_caller(tiny_engine, prompts, monkeypatch):
+    def broken_forward(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tiny_engine._model, "forward", broken_forward)
+    results = await asyncio.gather(
+        *(tiny_engine.generate(p, SamplingParams(4)) for p in prompts[:3]), return_exceptions=True
+    )
+    for result in results:
+        assert isinstance(result, EngineError) and "boom" in str(result)
+        assert isinstance(result.__cause__, RuntimeError)
+    monkeypatch.undo()
+    assert len((await tiny_engine.generate(prompts[0], SamplingParams(4))).output_ids) == 4
+
+
+async def test_stop_fails_waiting_requests(tiny_engine, prompts):
+    await tiny_engine.pause()
+    pending = asyncio.create_task(tiny_engine.generate(prompts[0], SamplingParams(4)))
+    await asyncio.sleep(0.05)
+    await tiny_engine.stop()
+    with pytest.raises(EngineError, match="stopped"):
+        await pending
