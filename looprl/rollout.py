@@ -137,8 +137,10 @@ class RolloutController:
         model_name: str,
         version: Callable[[], int] = lambda: 0,
         decode: Callable[[list[int]], str] | None = None,
+        sampling_overrides: dict[str, Any] | None = None,
     ):
         self.host = host
+        self.sampling_overrides = dict(sampling_overrides or {})
         self.workflow = workflow
         self.cfg = cfg
         self.model_name = model_name
@@ -159,7 +161,7 @@ class RolloutController:
     async def run_one(
         self, row: dict, group_id: str, sampling_overrides: dict[str, Any] | None = None
     ) -> RolloutOutcome:
-        handle = self.host.open_session(sampling_overrides)
+        handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
         start = time.monotonic()
         status: Status = "completed"
         result: Any = None

@@ -19,37 +19,12 @@ from looprl.config import Config
 from looprl.engines.local import LocalEngine
 from looprl.gateway.app import create_app
 from looprl.gateway.server import GatewayServer
-from looprl.gateway.sessions import Session, SessionStore
+from looprl.gateway.sessions import SessionStore
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout import RolloutController
 from looprl.workflow import Workflow
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SessionHandle:
-    id: str
-    base_url: str
-    api_key: str
-
-
-class GatewayHost:
-    """Opens and closes gateway sessions for the rollout controller."""
-
-    def __init__(self, server: GatewayServer, store: SessionStore):
-        self.server = server
-        self.store = store
-
-    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle:
-        session = self.store.open()
-        session.sampling_overrides = dict(sampling_overrides or {})
-        return SessionHandle(
-            session.id, f"{self.server.url}/sessions/{session.id}/v1", session.api_key
-        )
-
-    def close_session(self, session_id: str) -> Session:
-        return self.store.close(session_id)
 
 
 @dataclass
@@ -65,12 +40,11 @@ class LocalParts:
 async def launch_local(
     cfg: Config, workflow: Workflow, *, model: nn.Module | None = None
 ) -> AsyncIterator[LocalParts]:
-    """Start engine + gateway + controller; `model` (e.g. the trainer's) seeds the engine."""
+    """Start engine + gateway + controller; the engine copies `model` (e.g. the trainer's
+    policy) when given, else loads the configured model."""
     tokenizer = load_tokenizer(cfg.model.path)
-    engine_model = load_model(cfg.model.path, cfg.engine.dtype)
-    if model is not None:
-        engine_model.load_state_dict(model.state_dict())
-    engine = LocalEngine(
+    engine_model = model if model is not None else load_model(cfg.model.path)
+    engine = LocalEngine(  # keeps its own copy, in the engine's dtype
         engine_model,
         eos_token_ids=_eos_ids(tokenizer, engine_model),
         decode=tokenizer.decode,
@@ -86,17 +60,20 @@ async def launch_local(
         model_name=cfg.model.name,
         store=store,
         default_sampling=cfg.sampling,
+        max_model_len=engine_model.config.max_position_embeddings,
     )
     server = GatewayServer(app, host=cfg.gateway.host, port=cfg.gateway.port)
     await server.start()
     log.info("Gateway listening on %s", server.url)
     controller = RolloutController(
-        GatewayHost(server, store),
+        server,
         workflow,
         cfg.rollout,
         model_name=cfg.model.name,
         version=lambda: engine.version,
         decode=tokenizer.decode,
+        # The trainer recomputes logprobs at this temperature, so agents may not change it.
+        sampling_overrides={"temperature": cfg.sampling.temperature},
     )
     try:
         yield LocalParts(engine, server, store, controller, tokenizer)
