@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.config import Config
-from looprl.rollout import RolloutResult
+from looprl.rollout import RolloutResult, check_reward
 from looprl.scheduling.local import launch_local
 from looprl.tasks import load_task
 from looprl.workflow import resolve_workflow
@@ -70,19 +70,26 @@ async def debug_workflow(
     workflow = workflow_for(cfg, task)
     rows = (task.train * (concurrency // max(len(task.train), 1) + 1))[: concurrency + 1]
 
-    async def one(row: dict) -> tuple[float, Any, str | None]:
+    async def one(row: dict) -> tuple[float, float | None, str | None]:
+        """(latency, reward, error type); a reward training would reject is an error."""
         start = time.monotonic()
         try:
             result = await asyncio.wait_for(
                 workflow.run(row, base_url=base_url, api_key=api_key, model=model),
                 timeout=cfg.rollout.timeout_s,
             )
-            return time.monotonic() - start, result, None
         except TimeoutError:
             return time.monotonic() - start, None, "TimeoutError"
         except Exception as e:
             log.warning("Workflow raised %s: %s", type(e).__name__, e)
             return time.monotonic() - start, None, type(e).__name__
+        reward, error = check_reward(result)
+        if error:
+            log.warning("Workflow result is unusable for training: %s", error)
+            return time.monotonic() - start, None, error.split(":", 1)[0]
+        if isinstance(reward, dict):
+            reward = statistics.fmean(reward.values())
+        return time.monotonic() - start, reward, None
 
     log.info("One rollout first, against %s", base_url)
     first = await one(rows[0])
@@ -95,7 +102,7 @@ async def debug_workflow(
     log.info("Now %d concurrent rollouts", concurrency)
     results = [first, *await asyncio.gather(*(one(r) for r in rows[1:]))]
     latencies = sorted(r[0] for r in results)
-    rewards = [r[1] for r in results if isinstance(r[1], int | float)]
+    rewards = [r[1] for r in results if r[1] is not None]
 
     def pct(p: float) -> float:
         return latencies[min(int(p * len(latencies)), len(latencies) - 1)]

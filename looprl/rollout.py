@@ -184,7 +184,7 @@ class RolloutController:
             self._log_error(error)
             return RolloutOutcome(group_id, status, error=error, elapsed_s=elapsed)
 
-        reward, error = _check_reward(result if result is not None else session.reward)
+        reward, error = check_reward(result if result is not None else session.reward)
         if error:
             self._log_error(error)
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed)
@@ -335,14 +335,14 @@ def _raise_first_failure(tasks: set[asyncio.Task]) -> None:
             raise task.exception()
 
 
-def _check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:
+def check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:
     """Validate a workflow's result: (reward, None) or (None, error message)."""
     if value is None:
         return None, None
     if isinstance(value, dict):
         rewards = {}
         for key, r in value.items():
-            checked, error = _check_reward(r)
+            checked, error = check_reward(r)
             if error or checked is None:
                 return None, f"InvalidReward: reward for completion {key!r}: {error or r!r}"
             rewards[str(key)] = checked
