@@ -40,7 +40,9 @@ class ModelConfig(Section):
 class EngineConfig(Section):
     type: Literal["local"] = Field("local", description="Inference engine implementation.")
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype the engine computes in; logprobs are always float32."
+        "bfloat16",
+        description="Dtype the engine computes in (bf16 uses AMX on CPU); logprobs are float32 "
+        "and decoupled PPO weights correct the engine/trainer mismatch.",
     )
     max_batch_size: int = Field(64, ge=1, description="Most sequences decoded in one step.")
     max_tokens_per_batch: int = Field(
@@ -58,7 +60,7 @@ class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: int = Field(0, ge=0, description="Top-k truncation; 0 disables it.")
-    max_new_tokens: int = Field(256, ge=1, description="Most tokens generated per call.")
+    max_new_tokens: int = Field(48, ge=1, description="Most tokens generated per call.")
 
 
 class GatewayConfig(Section):
@@ -110,7 +112,7 @@ class WorkflowConfig(Section):
 
 class RolloutConfig(Section):
     group_size: int = Field(8, ge=1, description="Rollouts per dataset row (GRPO group).")
-    batch_size: int = Field(4, ge=1, description="Dataset rows (groups) per training step.")
+    batch_size: int = Field(8, ge=1, description="Dataset rows (groups) per training step.")
     max_concurrent_rollouts: int = Field(64, ge=1, description="Most rollouts running at once.")
     max_head_offpolicyness: int = Field(
         0,
@@ -132,7 +134,7 @@ class TrainConfig(Section):
     algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
         "grpo", description="Advantage estimator."
     )
-    lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
+    lr: float = Field(2e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
@@ -161,15 +163,15 @@ class TrainConfig(Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch.")
     max_tokens_per_mb: int = Field(
-        8192, ge=16, description="Token budget of one micro-batch (first-fit-decreasing packing)."
+        4096, ge=16, description="Token budget of one micro-batch (first-fit-decreasing packing)."
     )
-    autocast_bf16: bool = Field(False, description="bf16 autocast for forward/backward on CPU.")
-    total_steps: int = Field(30, ge=0, description="Training steps to run.")
+    autocast_bf16: bool = Field(True, description="bf16 autocast for forward/backward on CPU.")
+    total_steps: int = Field(12, ge=0, description="Training steps to run.")
 
 
 class EvalConfig(Section):
-    every_steps: int = Field(10, ge=0, description="Evaluate every N steps (0: start/end only).")
-    max_new_tokens: int = Field(64, ge=1, description="Tokens per greedy eval answer.")
+    every_steps: int = Field(4, ge=0, description="Evaluate every N steps (0: start/end only).")
+    max_new_tokens: int = Field(48, ge=1, description="Tokens per greedy eval answer.")
     size: int | None = Field(None, ge=1, description="Held-out rows to use; None uses all.")
 
 

@@ -109,7 +109,11 @@ class Trainer:
         start = time.perf_counter()
         self.model.train()
         ref = None if self.ref_model is None else self._logprobs_without_grad(self.ref_model, batch)
-        batch = replace(batch, proximal_logprobs=self.compute_logprobs(batch), ref_logprobs=ref)
+        # With one optimizer step per batch the proximal policy is the policy of that very
+        # forward pass, so its logprobs come from it (detached): one forward pass saved.
+        single_update = self.cfg.ppo_epochs * self.cfg.mini_batches == 1
+        proximal = None if single_update else self.compute_logprobs(batch)
+        batch = replace(batch, proximal_logprobs=proximal, ref_logprobs=ref)
         steps: list[dict[str, float]] = []
         for _ in range(self.cfg.ppo_epochs):
             for mini in split_mini_batches(batch, self.cfg.mini_batches):
@@ -137,14 +141,12 @@ class Trainer:
     def accumulate_gradients(self, batch: TrainBatch) -> dict[str, float]:
         """Add the gradient of `batch`'s whole loss into `.grad`, one micro-batch at a time.
 
-        `batch.proximal_logprobs` must be filled; `batch.ref_logprobs`, when filled, adds
-        kl_coef x KL. Returns the loss, stats weighted by sampled tokens, and the counts
-        `num_tokens` (non-pad tokens through forward + backward) and `num_micro_batches`.
+        `batch.proximal_logprobs` None means the weights have not moved since the batch was
+        given (one optimizer step per batch): the proximal logprobs are then this forward's,
+        detached. `batch.ref_logprobs`, when filled, adds kl_coef x KL. Returns the loss,
+        stats weighted by sampled tokens, and the counts `num_tokens` (non-pad tokens
+        through forward + backward) and `num_micro_batches`.
         """
-        if batch.proximal_logprobs is None:
-            raise ValueError(
-                "batch.proximal_logprobs is None; fill it with compute_logprobs (train_step does)"
-            )
         cfg = self.cfg
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
         eps_clip_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
@@ -153,11 +155,17 @@ class Trainer:
         micro_batches = split_micro_batches(batch, cfg.max_tokens_per_mb)
         for mb in micro_batches:
             mb = self._to_device(mb)
-            logits = self._logits(self.model, mb)  # (B, T, V)
-            logprobs = token_logprobs(logits, mb.input_ids)  # (B, T)
+            logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
+            picked = mb.input_ids[mb.loss_mask]  # (K,)
+            sampled = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
+            # (B, T), zero off the mask; masked_scatter fills in the same row-major order
+            logprobs = torch.zeros(mb.input_ids.shape, dtype=sampled.dtype).masked_scatter(
+                mb.loss_mask, sampled
+            )
+            proximal = logprobs.detach() if mb.proximal_logprobs is None else mb.proximal_logprobs
             loss, stats = policy_loss(
                 logprobs,
-                mb.proximal_logprobs,
+                proximal,
                 mb.advantages,
                 mb.loss_mask,
                 eps_clip=cfg.eps_clip,
@@ -168,8 +176,7 @@ class Trainer:
                 behavior_weight_cap=cfg.behavior_weight_cap,
             )
             with torch.no_grad():
-                entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))  # (B, T)
-                stats["entropy"] = masked_mean(entropy, mb.loss_mask)
+                stats["entropy"] = float(entropy_from_logits(logits).mean())
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_estimator)  # (B, T)
                 loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)
@@ -214,6 +221,21 @@ class Trainer:
             logprobs = token_logprobs(self._logits(model, mb), mb.input_ids)  # (n, t)
             out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return out
+
+    def _sampled_logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
+        """Float32 logits / temperature (K, V) only at the K positions that predict a
+        sampled token (row t predicts token t + 1), in row-major order of `loss_mask`.
+
+        The LM head and every vocabulary-wide op skip the prompt and tool tokens, about
+        half of an RL batch. Assumes the logits are the output embedding of the decoder's
+        last hidden state, as in Llama, Qwen and Mistral.
+        """
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.autocast_bf16):
+            hidden = model.get_decoder()(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            ).last_hidden_state  # (B, T, H)
+            logits = model.get_output_embeddings()(hidden[:, :-1][mb.loss_mask[:, 1:]])
+        return logits.float().div_(self.temperature)
 
     def _logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
         """Float32 logits / temperature (B, T, V), under bf16 autocast when configured."""

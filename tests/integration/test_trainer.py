@@ -41,13 +41,15 @@ def _batch(model, algorithm="grpo") -> TrainBatch:
         )
     batch, _ = build_batch(trajectories, algorithm, PAD)
     # Behavior logprobs from the model itself, as a float32 engine at temperature 1 gives.
-    logprobs = Trainer(model, TrainConfig()).compute_logprobs(batch)
+    logprobs = Trainer(model, TrainConfig(autocast_bf16=False)).compute_logprobs(batch)
     return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
 
 
 def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
     batch = _batch(model)
-    trainer = Trainer(model, TrainConfig(max_tokens_per_mb=24), temperature=0.7)
+    trainer = Trainer(
+        model, TrainConfig(max_tokens_per_mb=24, autocast_bf16=False), temperature=0.7
+    )
     got = trainer.compute_logprobs(batch)  # several micro-batches, scattered back
     assert got.dtype == torch.float32 and got.shape == batch.input_ids.shape
     for i in range(batch.num_sequences):
@@ -79,7 +81,7 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
     grads, counts = [], []
     # One micro-batch; then lengths [9, 12, 7, 10, 6, 11] in 16 tokens: 12 | 11 | 10 | 9 | 7, 6
     for budget in (4096, 16):
-        cfg = TrainConfig(loss_agg=agg, max_tokens_per_mb=budget, kl_coef=0.1,
+        cfg = TrainConfig(autocast_bf16=False, loss_agg=agg, max_tokens_per_mb=budget, kl_coef=0.1,
                           behavior_weight_cap=1.5)  # fmt: skip
         trainer = Trainer(model, cfg, ref_model=ref_model)
         model.zero_grad(set_to_none=True)
@@ -96,7 +98,9 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
 def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
     model = copy.deepcopy(model)
     batch = _batch(model)
-    trainer = Trainer(model, TrainConfig(lr=1e-3, ppo_epochs=2, mini_batches=2))
+    trainer = Trainer(
+        model, TrainConfig(autocast_bf16=False, lr=1e-3, ppo_epochs=2, mini_batches=2)
+    )
     before_weights = {k: v.clone() for k, v in trainer.state_dict_for_engine().items()}
     before = trainer.compute_logprobs(batch)
     stats = trainer.train_step(batch)
@@ -159,3 +163,20 @@ def test_lr_schedule():
     assert got == pytest.approx([0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447], abs=1e-6)
     linear = cfg.model_copy(update={"lr_schedule": "linear"})
     assert [lr_factor(s, linear) for s in (2, 4, 9)] == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
+    """With one optimizer step per batch, proximal = the forward's own logprobs (detached):
+    the gradient equals the one computed with a separate proximal pass."""
+    batch = _batch(model)
+    grads = []
+    for proximal in (None, "separate pass"):
+        trainer = Trainer(model, TrainConfig(autocast_bf16=False, max_tokens_per_mb=24))
+        filled = trainer.compute_logprobs(batch) if proximal else None
+        model.zero_grad(set_to_none=True)
+        stats = trainer.accumulate_gradients(replace(batch, proximal_logprobs=filled))
+        assert stats["clip_frac"] == 0.0 and abs(stats["ratio_mean"] - 1.0) < 1e-6
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+    assert grads[0].abs().sum() > 0

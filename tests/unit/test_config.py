@@ -12,7 +12,7 @@ def test_defaults_and_dotted_overrides(tmp_path):
     assert cfg.task.digits == 2
     assert cfg.task.operators == ["+"]
     assert cfg.model.path == "/m"
-    assert cfg.rollout.batch_size == 4  # untouched default
+    assert cfg.rollout.batch_size == 8  # untouched default
 
 
 @pytest.mark.parametrize(
