@@ -133,5 +133,12 @@ def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     return model
 
 
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every id that ends a generation: the tokenizer's eos and the generation config's."""
+    configured = model.generation_config.eos_token_id
+    ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
+    return sorted(i for i in ids if i is not None)
+
+
 def model_config(path: str | Path):
     return AutoConfig.from_pretrained(resolve_model_path(str(path)))

@@ -44,7 +44,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.models import DTYPES, load_model, load_tokenizer
+from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
 from looprl.types import FinishReason, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -142,11 +142,9 @@ class LocalEngine:
         """Load model and tokenizer from `model_path` (a folder or 'default')."""
         model = load_model(model_path, cfg.dtype)
         tokenizer = load_tokenizer(model_path)
-        eos = model.generation_config.eos_token_id
-        eos_ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
         return cls(
             model,
-            eos_token_ids=sorted(i for i in eos_ids if i is not None),
+            eos_token_ids=eos_token_ids(tokenizer, model),
             decode=tokenizer.decode,
             dtype=cfg.dtype,
             max_batch_size=cfg.max_batch_size,

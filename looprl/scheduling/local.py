@@ -20,7 +20,7 @@ from looprl.engines.local import LocalEngine
 from looprl.gateway.app import create_app
 from looprl.gateway.server import GatewayServer
 from looprl.gateway.sessions import SessionStore
-from looprl.models import load_model, load_tokenizer
+from looprl.models import eos_token_ids, load_model, load_tokenizer
 from looprl.rollout import RolloutController
 from looprl.workflow import Workflow
 
@@ -46,7 +46,7 @@ async def launch_local(
     engine_model = model if model is not None else load_model(cfg.model.path)
     engine = LocalEngine(  # keeps its own copy, in the engine's dtype
         engine_model,
-        eos_token_ids=_eos_ids(tokenizer, engine_model),
+        eos_token_ids=eos_token_ids(tokenizer, engine_model),
         decode=tokenizer.decode,
         dtype=cfg.engine.dtype,
         max_batch_size=cfg.engine.max_batch_size,
@@ -81,11 +81,3 @@ async def launch_local(
         await controller.close()
         await server.stop()
         await engine.stop()
-
-
-def _eos_ids(tokenizer, model: nn.Module) -> list[int]:
-    """End-of-sequence ids from the tokenizer and the model's generation config."""
-    ids = {tokenizer.eos_token_id}
-    configured = model.generation_config.eos_token_id
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in ids if i is not None)
