@@ -72,6 +72,9 @@ def _setup_logging(level: str = "INFO", log_file: Path | None = None) -> None:
     logging.getLogger("looprl").setLevel(level)
     for noisy in ("httpx", "uvicorn.access", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-tensor load/save bars say nothing useful here
 
 
 @app.command()

@@ -22,7 +22,7 @@ import torch
 from looprl.collect import workflow_for
 from looprl.config import Config
 from looprl.metrics import Metrics
-from looprl.models import load_model
+from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_model
 from looprl.rollout import RolloutController
 from looprl.scheduling.local import launch_local
 from looprl.tasks import load_task
@@ -55,7 +55,16 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     cfg.save(run_dir)
     torch.manual_seed(cfg.run.seed)
     task = load_task(cfg.task)
-    log.info("Loading %s for training", cfg.model.path)
+    log.info(
+        "Training %s for %d steps: %d prompts x %d samples per step (%s), task %s, run dir %s",
+        DEFAULT_MODEL_NAME if cfg.model.path == DEFAULT_MODEL else cfg.model.path,
+        cfg.train.total_steps,
+        cfg.rollout.batch_size,
+        cfg.rollout.group_size,
+        cfg.train.algorithm,
+        cfg.task.name,
+        run_dir,
+    )
     policy = load_model(cfg.model.path, cfg.model.dtype)
     reference = load_model(cfg.model.path, cfg.model.dtype) if cfg.train.kl_coef > 0 else None
     trainer = Trainer(

@@ -40,7 +40,7 @@ class Metrics:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, log_path=False)
         self._progress = Progress(
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
