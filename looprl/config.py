@@ -48,11 +48,18 @@ class EngineConfig(Section):
     max_tokens_per_batch: int = Field(
         65536,
         ge=256,
-        description="KV budget: most prompt+output tokens resident at once. "
-        "Requests beyond it wait their turn.",
+        description="KV budget in tokens: running sequences x the longest one's prompt + "
+        "max_new_tokens (fused) or the sum of prompt + max_new_tokens (hf). Requests beyond "
+        "it wait their turn.",
     )
     batch_wait_ms: float = Field(
         5.0, ge=0, description="How long the batcher waits for more requests to join a batch."
+    )
+    impl: Literal["auto", "fused", "hf"] = Field(
+        "auto",
+        description="Forward used by the local engine: 'fused' (Llama-family models: fused "
+        "weights, preallocated KV slots, one prefill per group), 'hf' (any causal LM, through "
+        "its Hugging Face forward); 'auto' picks fused when the model supports it.",
     )
 
 

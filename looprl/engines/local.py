@@ -1,17 +1,18 @@
 """The in-process PyTorch inference engine, with continuous batching.
 
 Owns: a private copy of a Hugging Face causal LM in the engine's dtype, the queue of
-waiting requests, the running batch (its KV cache, attention mask, positions) and
-per-request sampling. Does not own tokenization: token ids go in and come out; the
-optional `decode` callable is used only to detect stop strings.
+waiting requests, the running batch and per-request sampling. Its model runner
+(`runners.py`) owns the forward and the KV cache: the fused forward with preallocated
+KV slots for Llama-family models, the Hugging Face forward for any other. Does not own
+tokenization: token ids go in and come out; the optional `decode` callable is used only
+to detect stop strings.
 
-How a step runs. Rows are left-padded into one `DynamicCache`, each with explicit
-position ids, so prompts of any length share it. At every step boundary, waiting
-requests that fit (`max_batch_size` rows; `max_tokens_per_batch` tokens, counting each
-row's prompt + max_new_tokens) are prefilled in one forward and their cache is padded
-and stacked onto the running one (continuous batching); running rows advance by one
-decode forward. Every row then samples with its own params from float32 logits, and
-finished rows leave the batch at once, their callers answered at that boundary.
+How a step runs. At every step boundary, waiting requests that fit (`max_batch_size`
+rows, and the runner's KV budget `max_tokens_per_batch`) are prefilled in one forward
+(identical prompts once) and join the running rows (continuous batching); running rows
+advance by one decode forward. Every row then samples with its own params from float32
+logits, and finished rows leave the batch at once, their callers answered at that
+boundary.
 
 Concurrency contract:
 - `generate` (on the event loop) validates, appends to the waiting queue, sets the
@@ -20,7 +21,10 @@ Concurrency contract:
   it) consumes the waiting queue. It waits for the wake-up event when nothing is queued
   or running, `batch_wait_ms` before the first step of an idle batch (so concurrent
   callers share it), and for `resume()` while paused. Each step holds the model lock
-  and runs in a worker thread, so the loop (and an HTTP server on it) stays responsive.
+  and runs on the event loop's own thread, and the task yields to the loop after every
+  step, so other tasks (an HTTP server, workflows) run between steps, at most one step
+  late. Not in a worker thread: on CPU, torch ops from a second thread run with a
+  second OpenMP team, and a decode step measured ~1.4x slower there.
 - `update_weights` and `pause` take the same lock, so they never overlap a forward:
   weights change and decoding halts exactly at a step boundary.
 - A failing step fails every running and waiting request with EngineError chained to
@@ -39,11 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
+from looprl.engines.fused import unsupported_reason
+from looprl.engines.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
 from looprl.types import FinishReason, Generation, SamplingParams
 
@@ -100,6 +105,7 @@ class LocalEngine:
         max_tokens_per_batch: int = 65536,
         batch_wait_ms: float = 5.0,
         version: int = 0,
+        impl: str = "auto",
     ) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"engine dtype={dtype!r} must be 'float32' or 'bfloat16'")
@@ -108,8 +114,19 @@ class LocalEngine:
                 f"max_batch_size={max_batch_size} and max_tokens_per_batch="
                 f"{max_tokens_per_batch} must both be >= 1"
             )
+        if impl not in ("auto", "fused", "hf"):
+            raise ValueError(f"engine impl={impl!r} must be 'auto', 'fused' or 'hf'")
         # A copy, so the trainer can keep updating its own model while this one serves.
         self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
+        reason = unsupported_reason(self._model)
+        if impl == "fused" and reason:
+            raise ValueError(f"engine impl='fused' cannot run this model: {reason}")
+        if impl == "hf" or reason:
+            if impl == "auto":
+                log.info("Local engine: Hugging Face forward (%s)", reason)
+            self._runner: FusedRunner | HFRunner = HFRunner(self._model, max_tokens_per_batch)
+        else:
+            self._runner = FusedRunner(self._model, max_tokens_per_batch)
         self._eos_token_ids = frozenset(eos_token_ids)
         self._decode = decode
         self._max_batch_size = max_batch_size
@@ -129,11 +146,8 @@ class LocalEngine:
         self._model_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-        # The running batch, touched only by the batcher task and its step thread.
+        # The running batch, touched only by the batcher task.
         self._rows: list[_Request] = []
-        self._cache: DynamicCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, S) 1 = real token
-        self._positions = torch.zeros(0, dtype=torch.long)  # (B,) position of the next token
         self._last_tokens = torch.zeros(0, dtype=torch.long)  # (B,) next decode input
         self._cache_is_stale = False  # set by update_weights: recompute before decoding
 
@@ -150,6 +164,7 @@ class LocalEngine:
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,
+            impl=cfg.impl,
         )
 
     @property
@@ -172,7 +187,7 @@ class LocalEngine:
         """Copy `state_dict` into the engine's model between two steps; set `version`."""
         async with self._model_lock:
             try:
-                await asyncio.to_thread(self._model.load_state_dict, state_dict)
+                self._load(state_dict)
             except RuntimeError as e:
                 raise EngineError(
                     f"update_weights(version={version}): the state dict does not match the "
@@ -180,6 +195,10 @@ class LocalEngine:
                 ) from e
             self._version = version
             self._cache_is_stale = True
+
+    def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self._model.load_state_dict(state_dict)
+        self._runner.reload(self._model)
 
     async def pause(self) -> None:
         """Halt decoding; returns once the step in flight (if any) has finished."""
@@ -247,28 +266,29 @@ class LocalEngine:
                 try:
                     async with self._model_lock:
                         new = self._admit()
-                        finished = await asyncio.to_thread(self._step, new, self._version)
+                        finished = self._step(new, self._version)
                     for request in finished:
                         if not request.future.done():
                             request.future.set_result(request.generation())
                 except Exception as e:
                     log.exception("The local engine failed a step; failing its requests")
                     self._fail_all(e)
+                await asyncio.sleep(0)  # let callers, HTTP handlers and workflows run
         finally:
             self._fail_all(None)
 
     def _admit(self) -> list[_Request]:
         """Move waiting requests that fit the batch limits into the next step, in order."""
         new: list[_Request] = []
-        reserved = sum(r.reserved_tokens for r in self._rows)
+        reserved = [r.reserved_tokens for r in self._rows]
         while self._waiting and len(self._rows) + len(new) < self._max_batch_size:
             request = self._waiting[0]
             if request.future.done():  # the caller gave up (cancelled) while waiting
                 self._waiting.popleft()
                 continue
-            if reserved + request.reserved_tokens > self._max_tokens_per_batch:
+            if not self._runner.fits([*reserved, request.reserved_tokens]):
                 break  # first come, first served: later requests do not overtake it
-            reserved += request.reserved_tokens
+            reserved.append(request.reserved_tokens)
             new.append(self._waiting.popleft())
         return new
 
@@ -292,16 +312,14 @@ class LocalEngine:
 
     def _reset_batch(self) -> None:
         self._rows = []
-        self._cache = None
-        self._mask = self._mask[:0, :0]
-        self._positions = self._positions[:0]
+        self._runner.reset()
         self._last_tokens = self._last_tokens[:0]
 
     @torch.inference_mode()
     def _step(self, new: list[_Request], version: int) -> list[_Request]:
         """One decode forward for running rows, one prefill for `new`; sample; prune.
 
-        Runs in a worker thread while the batcher task holds the model lock. Returns the
+        Runs while the batcher task holds the model lock. Returns the
         requests that finished at this step. After update_weights, every running row is
         prefilled again (prompt + tokens so far) with the new weights instead of decoded
         on a cache the old weights computed, so each token tagged `version` is sampled
@@ -311,16 +329,17 @@ class LocalEngine:
         self._rows = running + new  # first, so a failing forward fails these callers too
         if not self._rows:
             return []
-        if self._cache_is_stale:
-            self._cache_is_stale = False
-            self._cache = None
-            logits = self._forward_prefill(self._rows)
-        else:
-            parts = [self._forward_decode()] if running else []
-            if new:
-                parts.append(self._forward_prefill(new))
-            logits = torch.cat(parts)
-        tokens, logprobs, top = self._sample(logits.float())
+        parts = []
+        if running and self._cache_is_stale:
+            parts.append(self._runner.refill([r.prompt_ids + r.output_ids for r in running]))
+        elif running:
+            parts.append(self._runner.decode(self._last_tokens))
+        self._cache_is_stale = False
+        if new:
+            sequences = [r.prompt_ids + r.output_ids for r in new]
+            parts.append(self._runner.prefill(sequences, [r.reserved_tokens for r in new]))
+        logits = torch.cat(parts)
+        tokens, logprobs, top = self._sample(logits)
         finished, keep = [], []
         for i, (request, token, logprob) in enumerate(
             zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)
@@ -331,84 +350,20 @@ class LocalEngine:
             if request.sampling.top_logprobs:
                 request.top_logprobs.append(top[i][: request.sampling.top_logprobs])
             request.finish_reason = self._finish_reason(request)
-            # Reading future.done() from this thread is a plain attribute read; a
-            # cancelled caller's row is dropped instead of decoded to the end.
+            # A cancelled caller's row is dropped instead of decoded to the end.
             if request.finish_reason or request.future.done():
                 finished.append(request)
             else:
                 keep.append(i)
         self._last_tokens = tokens
         if finished:
-            self._keep_rows(keep)
+            if keep:
+                self._rows = [self._rows[i] for i in keep]
+                self._last_tokens = tokens[torch.tensor(keep, device=tokens.device)]
+                self._runner.keep(keep)
+            else:
+                self._reset_batch()
         return finished
-
-    def _forward_decode(self) -> torch.Tensor:
-        """Feed each running row its last sampled token; returns (B, V) logits."""
-        self._mask = F.pad(self._mask, (0, 1), value=1)
-        out = self._model(
-            input_ids=self._last_tokens[:, None],
-            attention_mask=self._mask,
-            position_ids=self._positions[:, None],
-            past_key_values=self._cache,
-            use_cache=True,
-        )
-        self._positions = self._positions + 1
-        return out.logits[:, -1]
-
-    def _forward_prefill(self, requests: list[_Request]) -> torch.Tensor:
-        """Prefill each request's tokens so far, left-padded; stack onto the running cache.
-
-        Returns (len(requests), V) logits for each request's next token.
-        """
-        sequences = [r.prompt_ids + r.output_ids for r in requests]
-        width = max(len(s) for s in sequences)
-        ids = torch.zeros(len(sequences), width, dtype=torch.long)
-        mask = torch.zeros(len(sequences), width, dtype=torch.long)
-        for i, sequence in enumerate(sequences):
-            ids[i, width - len(sequence) :] = torch.tensor(sequence)
-            mask[i, width - len(sequence) :] = 1
-        ids, mask = ids.to(self._device), mask.to(self._device)
-        lengths = mask.sum(dim=-1)
-        cache = DynamicCache()
-        out = self._model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        if self._cache is None:
-            self._cache, self._mask, self._positions = cache, mask, lengths
-        else:
-            # Left-pad the shorter of the two caches (masked out) so both have S columns.
-            s = max(self._mask.shape[1], width)
-            for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-                old_layer.keys = torch.cat(
-                    [_left_pad(old_layer.keys, s), _left_pad(new_layer.keys, s)]
-                )
-                old_layer.values = torch.cat(
-                    [_left_pad(old_layer.values, s), _left_pad(new_layer.values, s)]
-                )
-            self._mask = torch.cat([_left_pad(self._mask, s, dim=1), _left_pad(mask, s, dim=1)])
-            self._positions = torch.cat([self._positions, lengths])
-        return out.logits[:, -1]
-
-    def _keep_rows(self, keep: list[int]) -> None:
-        """Drop finished rows, then cache columns that are padding in every row left."""
-        if not keep:
-            self._reset_batch()
-            return
-        index = torch.tensor(keep, device=self._device)
-        self._rows = [self._rows[i] for i in keep]
-        self._mask = self._mask[index]
-        self._positions = self._positions[index]
-        self._last_tokens = self._last_tokens[index]
-        first = int(self._mask.any(dim=0).int().argmax())
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[index, :, first:]
-            layer.values = layer.values[index, :, first:]
-        self._mask = self._mask[:, first:]
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
         """Pick one token per row under that row's params; logits are (B, V) float32.
@@ -476,15 +431,6 @@ class LocalEngine:
         if len(request.output_ids) >= sampling.max_new_tokens:
             return "length"
         return None
-
-
-def _left_pad(t: torch.Tensor, size: int, dim: int = 2) -> torch.Tensor:
-    """Zero-pad `t` on the left of `dim` up to `size` (dim 2 of (B, H, S, D) KV tensors)."""
-    missing = size - t.shape[dim]
-    if missing == 0:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
-    return F.pad(t, pad)
 
 
 def _apply_top_k(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

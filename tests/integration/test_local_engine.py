@@ -75,10 +75,14 @@ def smol_model(smol_model_dir) -> LlamaForCausalLM:
     return load_model(smol_model_dir)
 
 
-@pytest.fixture
-async def tiny_engine(tiny_model, tokenizer):
+@pytest.fixture(params=["fused", "hf"])
+async def tiny_engine(request, tiny_model, tokenizer):
+    """Both model runners: every test on this fixture holds for each."""
     engine = LocalEngine(
-        tiny_model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode
+        tiny_model,
+        eos_token_ids=[tokenizer.eos_token_id],
+        decode=tokenizer.decode,
+        impl=request.param,
     )
     yield engine
     await engine.stop()
@@ -113,23 +117,26 @@ async def test_logprobs_match_teacher_forcing_real_model(
 
 
 async def test_event_loop_stays_responsive_while_decoding(smol_model, prompts):
-    """Forwards run in a worker thread: a coroutine sharing the loop keeps ticking."""
+    """The engine yields to the loop after every step: a coroutine sharing it keeps ticking."""
     engine = LocalEngine(smol_model, eos_token_ids=[])
     ticks: list[float] = []
 
     async def ticker() -> None:
         while True:
             ticks.append(time.perf_counter())
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.001)
 
     ticking = asyncio.create_task(ticker())
     start = time.perf_counter()
-    await engine.generate(prompts[0], SamplingParams(max_new_tokens=16))
+    steps = 32
+    await engine.generate(prompts[0], SamplingParams(max_new_tokens=steps))
     elapsed = time.perf_counter() - start
     ticking.cancel()
     await engine.stop()
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
-    assert len(ticks) > 10 and max(gaps) < elapsed / 4
+    # A loop blocked for the whole generation would tick once; one yield per step ticks
+    # about once per step, and no gap is longer than a few steps.
+    assert len(ticks) >= steps / 2 and max(gaps) < elapsed / 8
 
 
 async def test_logprobs_match_teacher_forcing_with_top_k_top_p(tiny_engine, tiny_model, prompts):
@@ -286,8 +293,9 @@ async def test_pause_holds_decoding_until_resume(tiny_engine, tiny_model, prompt
     assert (await pending).versions == [5] * 4
 
 
-async def test_kv_budget(tiny_model, prompts):
-    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=100)
+@pytest.mark.parametrize("impl", ["fused", "hf"])
+async def test_kv_budget(tiny_model, prompts, impl):
+    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=100, impl=impl)
     too_big = SamplingParams(max_new_tokens=101 - len(prompts[0]), temperature=0)
     with pytest.raises(EngineError, match="max_tokens_per_batch=100"):
         await engine.generate(prompts[0], too_big)
@@ -312,7 +320,7 @@ async def test_step_failure_reaches_every_caller(tiny_engine, prompts, monkeypat
     def broken_forward(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(tiny_engine._model, "forward", broken_forward)
+    monkeypatch.setattr(tiny_engine._runner, "prefill", broken_forward)
     results = await asyncio.gather(
         *(tiny_engine.generate(p, SamplingParams(4)) for p in prompts[:3]), return_exceptions=True
     )
@@ -330,3 +338,57 @@ async def test_stop_fails_waiting_requests(tiny_engine, prompts):
     await tiny_engine.stop()
     with pytest.raises(EngineError, match="stopped"):
         await pending
+
+
+async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts):
+    """Many requests against a small budget: all finish, the cache never outgrows it."""
+    budget = 400
+    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=budget)
+    cache = engine._runner.cache
+    config = tiny_model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    peak = 0
+    reserve = cache.reserve
+
+    def measuring_reserve(slots: int, columns: int) -> None:
+        nonlocal peak
+        reserve(slots, columns)
+        peak = max(peak, cache.nbytes)
+
+    cache.reserve = measuring_reserve
+    sampling = SamplingParams(max_new_tokens=40, temperature=0)
+    gens = await generate_all(engine, prompts * 3, sampling)
+    await engine.stop()
+    assert [len(g.output_ids) for g in gens] == [40] * len(prompts) * 3
+    assert 0 < peak <= budget * per_token
+    alone = LocalEngine(tiny_model, eos_token_ids=[])
+    expected = [await alone.generate(p, sampling) for p in prompts]
+    await alone.stop()
+    assert [g.output_ids for g in gens] == [g.output_ids for g in expected] * 3
+
+
+async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
+    """A group's samples are prefilled once; each still matches its prompt run alone."""
+    engine = LocalEngine(tiny_model, eos_token_ids=[])
+    prefilled_rows: list[int] = []
+    decoder_prefill = engine._runner._decoder.prefill
+
+    def counting_prefill(cache, ids, lengths, slots):
+        prefilled_rows.append(ids.shape[0])
+        return decoder_prefill(cache, ids, lengths, slots)
+
+    engine._runner._decoder.prefill = counting_prefill
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    group = [prompts[0]] * 4 + [prompts[1]] * 4
+    gens = await generate_all(engine, group, greedy)
+    seeded = [SamplingParams(10, seed=i) for i in range(4)]
+    sampled = await asyncio.gather(*(engine.generate(prompts[2], s) for s in seeded))
+    alone = [await engine.generate(prompts[2], s) for s in seeded]
+    await engine.stop()
+    assert prefilled_rows[:2] == [2, 1]  # 8 requests -> 2 distinct prompts; 4 -> 1
+    assert [g.output_ids for g in gens] == [gens[0].output_ids] * 4 + [gens[4].output_ids] * 4
+    assert [g.output_ids for g in sampled] == [g.output_ids for g in alone]
+    for gen in [*gens, *sampled]:
+        expected = teacher_forced_logprobs(tiny_model, gen)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)

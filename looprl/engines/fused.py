@@ -1,0 +1,263 @@
+"""A lean forward pass for Llama-family decoders, over a preallocated slot KV cache.
+
+Why it exists. At decode time on a CPU, a Hugging Face forward spends more time in
+Python and small tensor ops than in matrix multiplies: per layer it runs separate
+q/k/v and gate/up projections, recomputes rotary tables, grows a `DynamicCache` with
+`torch.cat` and builds a 4-D mask. This module does the same math with fused weights
+(one q|k|v matmul, one gate|up matmul), a rotary table computed once, and a KV cache
+preallocated as one tensor per K and V that new tokens are written into in place.
+
+On CPU, weights are also
+reordered once into oneDNN's blocked layout (`mkldnn._linear_pointwise`), 15-45%
+faster than `F.linear` on decode shapes; and decode attention is two batched matmuls
+(scaled_dot_product_attention's CPU kernel takes ~1.5 ms per layer for one query row).
+
+What it covers: decoder-only models whose layers are Llama's (Llama, Mistral without a
+sliding window, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms).
+`unsupported_reason` says why any other model is left to the Hugging Face forward.
+
+The cache. `SlotCache` holds K and V as (layers, slots, kv_heads, T, head_dim). A
+sequence owns one slot from admission to finish, and its token at position p lives at
+column p. Slots and columns grow on demand (rounded up, never past the budget the
+engine checks with `fits`) and are released when the batch empties. Decode attends
+from every slot up to the highest in use, each row masked to its own length; a free
+slot's query is a zero row whose output is discarded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+_SLOT_ROUND, _COLUMN_ROUND = 8, 64
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why `model` cannot run on the fused forward, or None when it can."""
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED:
+        return f"model_type {cfg.model_type!r} is not one of {', '.join(SUPPORTED)}"
+    if getattr(cfg, "use_sliding_window", False) or (
+        cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)
+    ):
+        return "the model uses sliding-window attention"
+    if getattr(cfg, "mlp_bias", False):
+        return "the model's MLP has biases"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not 'silu'"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "some layers do not use full attention"
+    return None
+
+
+class FusedDecoder:
+    """The fused-weight forward of `model` (already in the engine's dtype).
+
+    `load(model)` rebuilds the fused weights after the model's parameters change.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"the fused forward cannot run this model: {reason}")
+        cfg = model.config
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        self.dtype = model.dtype
+        self.device = model.device
+        self.max_positions = cfg.max_position_embeddings
+        # Rotary tables for every position, from the model's own rotary module (so any
+        # rope scaling it implements is honoured): (max_positions, head_dim) each.
+        positions = torch.arange(self.max_positions, device=self.device)[None]
+        probe = torch.zeros((), dtype=torch.float32, device=self.device)
+        with torch.no_grad():
+            cos, sin = model.model.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        self.load(model)
+
+    @torch.no_grad()
+    def load(self, model: PreTrainedModel) -> None:
+        """(Re)build the fused weights from `model`'s current parameters."""
+        inner = model.model
+        pack = _pack if _can_pack(model) else lambda w: w
+        self.embed = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        self.lm_head = pack(model.get_output_embeddings().weight)
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+            bias = None
+            if attn.q_proj.bias is not None:
+                bias = torch.cat([p.bias for p in projections])
+            q_norm = getattr(attn, "q_norm", None)
+            k_norm = getattr(attn, "k_norm", None)
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    pack(torch.cat([p.weight for p in projections])),
+                    bias,
+                    None if q_norm is None else q_norm.weight,
+                    None if k_norm is None else k_norm.weight,
+                    pack(attn.o_proj.weight),
+                    layer.post_attention_layernorm.weight,
+                    pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    pack(mlp.down_proj.weight),
+                )
+            )
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # As Hugging Face's RMSNorm: statistics in float32, weight applied in the model dtype.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * x32.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def prefill(
+        self, cache: SlotCache, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Run right-padded `ids` (B, P) from position 0; write K/V into `slots`.
+
+        Returns (B, V) float32 logits at each row's last real token (`lengths` - 1).
+        Padding columns write K/V past each row's length; decode overwrites column
+        `length` before any row attends to it, and never attends beyond.
+        """
+        b, p = ids.shape
+        cos, sin = self.cos[None, None, :p], self.sin[None, None, :p]
+        x = F.embedding(ids, self.embed)
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for i, layer in enumerate(self.layers):
+            norm1, wqkv, bqkv, q_norm, k_norm, wo, norm2, wgu, wd = layer
+            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, p, h + 2 * kv, d)
+            q, k, v = qkv.transpose(1, 2).split((h, kv, kv), dim=1)
+            if q_norm is not None:
+                q, k = self._norm(q, q_norm), self._norm(k, k_norm)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            cache.k[i, slots, :, :p] = k
+            cache.v[i, slots, :, :p] = v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+            x = x + _linear(out.transpose(1, 2).reshape(b, p, h * d), wo)
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
+        last = x[torch.arange(b, device=x.device), lengths - 1]
+        return self._logits(last)
+
+    @torch.inference_mode()
+    def decode(
+        self, cache: SlotCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Feed one token per row (`ids` (B,) at `positions` (B,) in `slots` (B,)).
+
+        Returns (B, V) float32 logits for each row's next token.
+        """
+        b = ids.shape[0]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        width = int(positions.max()) + 1
+        top = int(slots.max()) + 1
+        # Every slot below `top` attends; row r of the batch is slot slots[r].
+        keys = torch.arange(width, device=ids.device)
+        limit = torch.zeros(top, dtype=torch.long, device=ids.device)
+        limit[slots] = positions
+        # Additive mask (top, 1, 1, width): 0 up to each slot's position, -inf after.
+        mask = torch.zeros(top, 1, 1, width, device=ids.device)
+        mask.masked_fill_(keys[None, None, None, :] > limit[:, None, None, None], -torch.inf)
+        group = h // kv  # query heads per KV head
+        query = torch.zeros(top, kv, group, d, dtype=self.dtype, device=ids.device)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        x = F.embedding(ids, self.embed)  # (B, hidden)
+        for i, layer in enumerate(self.layers):
+            norm1, wqkv, bqkv, q_norm, k_norm, wo, norm2, wgu, wd = layer
+            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
+            q, k, v = qkv.split((h, kv, kv), dim=1)
+            if q_norm is not None:
+                q, k = self._norm(q, q_norm), self._norm(k, k_norm)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            cache.k[i, slots, :, positions] = k
+            cache.v[i, slots, :, positions] = v
+            query[slots] = q.view(b, kv, group, d)
+            scores = torch.matmul(query, cache.k[i, :top, :, :width].transpose(-1, -2))
+            probs = (scores.float() * self.scale + mask).softmax(dim=-1).to(self.dtype)
+            out = torch.matmul(probs, cache.v[i, :top, :, :width])  # (top, kv, group, d)
+            x = x + _linear(out[slots].reshape(b, h * d), wo)
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
+        return self._logits(x)
+
+    def _mlp(self, x: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+        gate, up = _linear(x, wgu).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, wd)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(self._norm(x, self.final_norm), self.lm_head).float()
+
+
+def _can_pack(model: PreTrainedModel) -> bool:
+    return model.device.type == "cpu" and torch.backends.mkldnn.is_available()
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (out, in) in oneDNN's blocked layout, for `_linear` on CPU."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class SlotCache:
+    """K and V for the running sequences: (layers, slots, kv_heads, T, head_dim) each."""
+
+    def __init__(self, decoder: FusedDecoder, budget_tokens: int) -> None:
+        self._decoder = decoder
+        self.budget_tokens = budget_tokens
+        self.k = self.v = self._empty(0, 0)
+
+    def _empty(self, slots: int, columns: int) -> torch.Tensor:
+        d = self._decoder
+        shape = (d.num_layers, slots, d.num_kv_heads, columns, d.head_dim)
+        return torch.zeros(shape, dtype=d.dtype, device=d.device)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(slots, columns) allocated."""
+        return self.k.shape[1], self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def fits(self, slots: int, columns: int) -> bool:
+        """Whether `slots` sequences of up to `columns` tokens stay within the budget."""
+        return slots * columns <= self.budget_tokens
+
+    def reserve(self, slots: int, columns: int) -> None:
+        """Grow to at least (slots, columns), rounded up but within the budget."""
+        have_slots, have_columns = self.shape
+        if slots <= have_slots and columns <= have_columns:
+            return
+        slots, columns = max(slots, have_slots), max(columns, have_columns)
+        rounded_slots = -(-slots // _SLOT_ROUND) * _SLOT_ROUND
+        rounded_columns = -(-columns // _COLUMN_ROUND) * _COLUMN_ROUND
+        if self.fits(rounded_slots, columns):
+            slots = rounded_slots
+        if self.fits(slots, rounded_columns):
+            columns = rounded_columns
+        k, v = self._empty(slots, columns), self._empty(slots, columns)
+        k[:, :have_slots, :, :have_columns] = self.k
+        v[:, :have_slots, :, :have_columns] = self.v
+        self.k, self.v = k, v
+
+    def release(self) -> None:
+        self.k = self.v = self._empty(0, 0)

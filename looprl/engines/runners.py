@@ -1,0 +1,203 @@
+"""Model runners: how the local engine runs forwards and keeps the KV cache of its rows.
+
+The engine (scheduling, sampling, bookkeeping) sees one interface. Rows are the
+running sequences in the engine's order; new rows are appended at the end.
+
+- `fits(reserved)`: whether rows needing these prompt+max_new_tokens sizes stay
+  within the KV budget.
+- `prefill(sequences)`: append rows for these token sequences; returns their (n, V)
+  float32 next-token logits.
+- `decode(tokens)`: feed each row one token; returns (B, V) float32 logits.
+- `keep(indices)`: keep only these rows, in this order.
+- `refill(sequences)`: recompute every row's cache from scratch (after a weight
+  update), returning (B, V) logits.
+- `reset()`: drop every row and free the cache.
+- `reload(model)`: the model's weights changed in place.
+
+`FusedRunner` (Llama-family models, `fused.py`) keeps a preallocated slot cache and
+shares one prefill among identical prompts (the samples of a GRPO group).
+`HFRunner` runs any causal LM through its Hugging Face forward and a `DynamicCache`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+from looprl.engines.fused import FusedDecoder, SlotCache
+
+
+class FusedRunner:
+    def __init__(self, model: PreTrainedModel, budget_tokens: int) -> None:
+        self._decoder = FusedDecoder(model)
+        self._device = model.device
+        self.cache = SlotCache(self._decoder, budget_tokens)
+        self._slots: list[int] = []  # per row
+        self._lengths: list[int] = []  # per row: tokens in the cache
+        self._reserved: list[int] = []  # per row: columns it may grow to
+
+    def reload(self, model: PreTrainedModel) -> None:
+        self._decoder.load(model)
+
+    def fits(self, reserved: list[int]) -> bool:
+        top = max([*self._slots, -1]) + 1
+        return self.cache.fits(max(top, len(reserved)), max(reserved, default=0))
+
+    def prefill(self, sequences: list[list[int]], reserved: list[int]) -> torch.Tensor:
+        taken = set(self._slots)
+        free = (s for s in range(len(taken) + len(sequences)) if s not in taken)
+        slots = [next(free) for _ in sequences]
+        self.cache.reserve(max([*self._slots, *slots]) + 1, max([*self._reserved, *reserved]))
+        self._slots += slots
+        self._lengths += [len(s) for s in sequences]
+        self._reserved += reserved
+        return self._prefill(sequences, slots)
+
+    def _prefill(self, sequences: list[list[int]], slots: list[int]) -> torch.Tensor:
+        # Identical sequences (the samples of a group) share one forward; their cache is
+        # copied slot to slot.
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(s), i) for i, s in enumerate(sequences)]
+        unique = sorted(set(source))
+        width = max(len(sequences[i]) for i in unique)
+        ids = torch.zeros(len(unique), width, dtype=torch.long)
+        for row, i in enumerate(unique):
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+        lengths = torch.tensor([len(sequences[i]) for i in unique])
+        src_slots = torch.tensor([slots[i] for i in unique], device=self._device)
+        logits = self._decoder.prefill(
+            self.cache, ids.to(self._device), lengths.to(self._device), src_slots
+        )
+        copies = [i for i in range(len(sequences)) if source[i] != i]
+        if copies:
+            dst = torch.tensor([slots[i] for i in copies], device=self._device)
+            src = torch.tensor([slots[source[i]] for i in copies], device=self._device)
+            for kv in (self.cache.k, self.cache.v):
+                kv[:, dst, :, :width] = kv[:, src, :, :width]
+        row_of = {i: row for row, i in enumerate(unique)}
+        return logits[torch.tensor([row_of[i] for i in source], device=self._device)]
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.tensor(self._lengths, device=self._device)
+        slots = torch.tensor(self._slots, device=self._device)
+        logits = self._decoder.decode(self.cache, tokens.to(self._device), positions, slots)
+        self._lengths = [n + 1 for n in self._lengths]
+        return logits
+
+    def refill(self, sequences: list[list[int]]) -> torch.Tensor:
+        self._lengths = [len(s) for s in sequences]
+        return self._prefill(sequences, self._slots)
+
+    def keep(self, indices: list[int]) -> None:
+        if not indices:
+            self.reset()
+            return
+        self._slots = [self._slots[i] for i in indices]
+        self._lengths = [self._lengths[i] for i in indices]
+        self._reserved = [self._reserved[i] for i in indices]
+
+    def reset(self) -> None:
+        self._slots, self._lengths, self._reserved = [], [], []
+        self.cache.release()
+
+
+class HFRunner:
+    """Rows left-padded into one `DynamicCache`, each with explicit position ids.
+
+    New rows are prefilled in one forward and their cache padded and stacked onto the
+    running one; columns that are padding in every row are dropped when rows leave.
+    """
+
+    def __init__(self, model: PreTrainedModel, budget_tokens: int) -> None:
+        self._model = model
+        self._device = model.device
+        self._budget_tokens = budget_tokens
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, S) 1 = real token
+        self._positions = torch.zeros(0, dtype=torch.long)  # (B,) position of the next token
+
+    def reload(self, model: PreTrainedModel) -> None:
+        pass  # the forward reads the model's parameters directly
+
+    def fits(self, reserved: list[int]) -> bool:
+        return sum(reserved) <= self._budget_tokens
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        self._mask = F.pad(self._mask, (0, 1), value=1)
+        out = self._model(
+            input_ids=tokens.to(self._device)[:, None],
+            attention_mask=self._mask,
+            position_ids=self._positions[:, None],
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._positions = self._positions + 1
+        return out.logits[:, -1].float()
+
+    def refill(self, sequences: list[list[int]]) -> torch.Tensor:
+        self.reset()
+        return self.prefill(sequences, [])
+
+    @torch.inference_mode()
+    def prefill(self, sequences: list[list[int]], reserved: list[int]) -> torch.Tensor:
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros(len(sequences), width, dtype=torch.long)
+        for i, sequence in enumerate(sequences):
+            ids[i, width - len(sequence) :] = torch.tensor(sequence)
+            mask[i, width - len(sequence) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        lengths = mask.sum(dim=-1)
+        cache = DynamicCache()
+        out = self._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if self._cache is None:
+            self._cache, self._mask, self._positions = cache, mask, lengths
+        else:
+            # Left-pad the shorter of the two caches (masked out) so both have S columns.
+            s = max(self._mask.shape[1], width)
+            for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
+                old_layer.keys = torch.cat(
+                    [_left_pad(old_layer.keys, s), _left_pad(new_layer.keys, s)]
+                )
+                old_layer.values = torch.cat(
+                    [_left_pad(old_layer.values, s), _left_pad(new_layer.values, s)]
+                )
+            self._mask = torch.cat([_left_pad(self._mask, s, dim=1), _left_pad(mask, s, dim=1)])
+            self._positions = torch.cat([self._positions, lengths])
+        return out.logits[:, -1].float()
+
+    def keep(self, indices: list[int]) -> None:
+        if not indices:
+            self.reset()
+            return
+        index = torch.tensor(indices, device=self._device)
+        self._mask = self._mask[index]
+        self._positions = self._positions[index]
+        first = int(self._mask.any(dim=0).int().argmax())
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+        self._mask = self._mask[:, first:]
+
+    def reset(self) -> None:
+        self._cache = None
+        self._mask = self._mask[:0, :0]
+        self._positions = self._positions[:0]
+
+
+def _left_pad(t: torch.Tensor, size: int, dim: int = 2) -> torch.Tensor:
+    """Zero-pad `t` on the left of `dim` up to `size` (dim 2 of (B, H, S, D) KV tensors)."""
+    missing = size - t.shape[dim]
+    if missing == 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
+    return F.pad(t, pad)
