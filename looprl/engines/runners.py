@@ -73,8 +73,7 @@ class FusedRunner:
         if copies:
             dst = torch.tensor([slots[i] for i in copies], device=self._device)
             src = torch.tensor([slots[source[i]] for i in copies], device=self._device)
-            for kv in (self.cache.k, self.cache.v):
-                kv[:, dst, :, :width] = kv[:, src, :, :width]
+            self.cache.copy_slots(src, dst, width)
         row_of = {i: row for row, i in enumerate(unique)}
         return logits[torch.tensor([row_of[i] for i in source], device=self._device)]
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from looprl.config import TrainConfig
+from looprl.runtime import tune_malloc
 from looprl.training.batch import (
     TrainBatch,
     micro_batch_indices,
@@ -86,6 +87,7 @@ class Trainer:
             )
         if ref_model is model:
             raise ValueError("ref_model is the policy model itself; pass a frozen copy")
+        tune_malloc()
         self.model = model
         self.cfg = cfg
         self.temperature = temperature

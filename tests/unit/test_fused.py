@@ -89,10 +89,14 @@ def test_slot_cache_grows_within_budget_and_keeps_contents():
     tight = SlotCache(decoder, budget_tokens=100)
     tight.reserve(2, 30)
     assert tight.shape == (2, 30)  # rounding up either way would pass 100 tokens
-    tight.k[:, 1, :, 29] = 7.0
+    tight.k[:, 1, :, :, 29] = 7.0
+    tight.v[:, 1, :, 29] = 8.0
     tight.reserve(3, 30)
     assert tight.shape == (3, 30)
-    assert (tight.k[:, 1, :, 29] == 7.0).all() and (tight.k[:, 2] == 0).all()
+    assert (tight.k[:, 1, :, :, 29] == 7.0).all() and (tight.v[:, 1, :, 29] == 8.0).all()
+    assert (tight.k[:, 2] == 0).all() and (tight.v[:, 2] == 0).all()
+    tight.copy_slots(torch.tensor([1]), torch.tensor([2]), 30)
+    assert (tight.k[:, 2] == tight.k[:, 1]).all() and (tight.v[:, 2] == tight.v[:, 1]).all()
     assert tight.nbytes == 2 * 3 * 30 * 2 * 2 * 16 * 4  # K+V, slots, columns, layers, kv, d
     assert tight.fits(3, 33) and not tight.fits(4, 26)
     tight.release()

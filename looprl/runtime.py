@@ -1,0 +1,38 @@
+"""Process-wide settings that make PyTorch on CPU fast; applied by the engine and trainer.
+
+glibc's malloc serves allocations above a dynamic threshold with fresh `mmap`s and
+returns freed memory at the top of the heap to the OS. A decode step frees and
+reallocates several 12 MB float32 (batch x vocabulary) tensors, so each step paid for
+thousands of page faults: sampling 64 rows took 28 ms, 3 ms with the settings below.
+Freed memory now stays in the process for reuse (RSS does not shrink after a peak).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
+_MMAP_THRESHOLD = 32 * 2**20  # glibc's maximum on 64-bit
+_TRIM_THRESHOLD = 2**30
+_tuned = False
+
+
+def tune_malloc() -> None:
+    """Keep large freed blocks in the heap (glibc only; elsewhere a no-op). Idempotent."""
+    global _tuned
+    if _tuned or not sys.platform.startswith("linux"):
+        return
+    _tuned = True
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
+        return
+    if not (
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    ):
+        log.debug("mallopt refused the thresholds; large allocations stay mmap-backed")
