@@ -79,7 +79,15 @@ class FusedDecoder:
         probe = torch.zeros((), dtype=torch.float32, device=self.device)
         with torch.no_grad():
             cos, sin = model.model.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        # Rotating x is `x * cos + x.roll(d/2) * sin` with sin's first half negated: that
+        # turns roll's [x2, x1] into rotate_half's [-x2, x1].
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        self.cos, self.sin = cos[0].to(self.dtype), sin.to(self.dtype)
+        # Per q|k head: q's carry the attention scale, so attention needs no extra multiply.
+        self.qk_scale = torch.ones(self.num_heads + self.num_kv_heads, dtype=self.dtype)
+        self.qk_scale[: self.num_heads] = self.scale
+        self.qk_scale = self.qk_scale.to(self.device)
         self.load(model)
 
     @torch.no_grad()
@@ -121,21 +129,10 @@ class FusedDecoder:
         return weight * x32.to(x.dtype)
 
     def _rotary(self, positions: torch.Tensor, heads_dim: int) -> tuple[torch.Tensor, ...]:
-        """cos and signed sin for q|k heads at `positions`; q's carry the attention scale.
-
-        Rotating x is then `x * cos + x.roll(d/2) * sin`: the signed sin (first half
-        negated) turns roll's [x2, x1] into rotate_half's [-x2, x1].
-        """
-        h, kv = self.num_heads, self.num_kv_heads
+        """cos and signed sin at `positions`, scaled per q|k head along `heads_dim`."""
         cos, sin = self.cos[positions], self.sin[positions]  # (..., d)
-        half = self.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        scale = torch.ones(h + kv, *[1] * (cos.dim() - heads_dim), dtype=self.dtype)
-        scale[:h] = self.scale
-        scale = scale.to(cos.device)
-        cos = cos.unsqueeze(heads_dim) * scale
-        sin = sin.unsqueeze(heads_dim) * scale
-        return cos, sin
+        scale = self.qk_scale.view(-1, *[1] * (cos.dim() - heads_dim))
+        return cos.unsqueeze(heads_dim) * scale, sin.unsqueeze(heads_dim) * scale
 
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), sin)
@@ -200,7 +197,8 @@ class FusedDecoder:
         limit[slots] = positions
         hidden = (keys[None, :] > limit[:, None])[:, None, None, :]  # (top, 1, 1, width)
         group = h // kv  # query heads per KV head
-        query = torch.zeros(top, kv, group, d, dtype=self.dtype, device=ids.device)
+        if not in_order:  # free slots below `top` get a zero query, their output dropped
+            query = torch.zeros(top, kv, group, d, dtype=self.dtype, device=ids.device)
         cos, sin = self._rotary(positions, heads_dim=1)  # (b, h+kv, d)
         x = F.embedding(ids, self.embed)  # (B, hidden)
         for i, layer in enumerate(self.layers):
