@@ -9,20 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from looprl.config import load_config
 from looprl.types import Trajectory
+from tests.serving import free_port, running_server
 
 ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
 
@@ -119,42 +116,14 @@ class Flaky:
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def served(tiny_model_dir, tmp_path) -> str:
     """`looprl serve` on the tiny model; yields its /v1 URL, stops it with Ctrl-C."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "looprl.cli", "serve", "--model", str(tiny_model_dir)]
-        + ["--port", str(port)],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health").raise_for_status()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "looprl serve did not listen within 60 s"
-                time.sleep(0.2)
+    port = free_port()
+    cmd = [sys.executable, "-m", "looprl.cli", "serve", "--model", str(tiny_model_dir)]
+    cmd += ["--port", str(port)]
+    with running_server(cmd, port, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL):
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            assert process.wait(timeout=30) == 0, process.stderr.read()
-        finally:
-            process.kill()  # a no-op once it has exited
 
 
 def test_debug_workflow_reports_rewards_latency_and_errors(served, tmp_path):

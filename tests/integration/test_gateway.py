@@ -8,11 +8,7 @@ ids, logprobs and versions checked here are the ones the engine sampled.
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +22,7 @@ from looprl.config import SamplingConfig
 from looprl.engines.local import LocalEngine
 from looprl.gateway import GatewayServer, SessionHandle, SessionStore, create_app
 from looprl.models import load_model, load_tokenizer
+from tests.serving import free_port, running_server
 
 MAX_NEW_TOKENS = 6  # the run's default in these tests: short, so every call is fast
 
@@ -473,28 +470,10 @@ async def test_a_call_stops_when_its_session_closes_or_its_client_leaves(server)
 
 
 def test_serve_runs_sessionless_until_sigint(tiny_model_dir):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     code = f"from looprl.gateway import serve; serve({str(tiny_model_dir)!r}, port={port})"
-    process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health").json()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "looprl serve did not listen within 60 s"
-                time.sleep(0.2)
+    with running_server([sys.executable, "-c", code], port) as health:
         assert health["model"] == tiny_model_dir.name
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         response = client.chat.completions.create(model="x", messages=USER, max_tokens=2)
         assert len(response.choices[0].token_ids) == 2
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            assert process.wait(timeout=30) == 0, process.stderr.read()
-        finally:
-            process.kill()  # a no-op once it has exited

@@ -38,6 +38,16 @@ def _config(model_dir, *overrides: str) -> Config:
     return load_config(None, [*base, *overrides])
 
 
+def _two_groups_of_two(model_dir, max_head_offpolicyness: int) -> Config:
+    """Batches of 2 prompts x 2 samples, admitted under the given staleness bound."""
+    return _config(
+        model_dir,
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        f"rollout.max_head_offpolicyness={max_head_offpolicyness}",
+    )
+
+
 def _client(base_url: str, api_key: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
 
@@ -347,12 +357,7 @@ async def _settle(workflow: Counting, started: int, timeout_s: float = 10.0) -> 
 
 
 async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_model_dir):
-    cfg = _config(
-        tiny_model_dir,
-        "rollout.group_size=2",
-        "rollout.batch_size=2",
-        "rollout.max_head_offpolicyness=0",
-    )
+    cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=0)
     workflow = Counting()
     async with launch_local(cfg, workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
@@ -375,12 +380,7 @@ async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_mod
 
 
 async def test_one_step_off_policy_runs_one_batch_ahead(tiny_model_dir):
-    cfg = _config(
-        tiny_model_dir,
-        "rollout.group_size=2",
-        "rollout.batch_size=2",
-        "rollout.max_head_offpolicyness=1",
-    )
+    cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=1)
     workflow = Counting()
     async with launch_local(cfg, workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
