@@ -84,7 +84,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 )
                 staleness = trainer.version - int(batch.versions[batch.loss_mask].min())
                 metrics.status("training")
-                # On this thread, not a worker thread: torch on CPU runs ~1.4x slower from a
+                # On this thread, not a worker thread: torch on CPU runs ~1.7x slower from a
                 # second thread (a second OpenMP team); nothing else runs while it trains.
                 train_stats = trainer.train_step(batch)
                 await engine.update_weights(trainer.state_dict_for_engine(), trainer.version)

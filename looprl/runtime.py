@@ -3,7 +3,8 @@
 glibc's malloc serves allocations above a dynamic threshold with fresh `mmap`s and
 returns freed memory at the top of the heap to the OS. A decode step frees and
 reallocates several 12 MB float32 (batch x vocabulary) tensors, so each step paid for
-thousands of page faults: sampling 64 rows took 28 ms, 3 ms with the settings below.
+thousands of page faults: sampling 64 rows took 12-16 ms, 3.3-3.5 ms with the settings
+below (`bench/engine_choices.py`).
 Freed memory now stays in the process for reuse (RSS does not shrink after a peak).
 """
 

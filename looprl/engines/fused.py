@@ -8,9 +8,10 @@ q/k/v and gate/up projections, recomputes rotary tables, grows a `DynamicCache` 
 preallocated as one tensor per K and V that new tokens are written into in place.
 
 On CPU, weights are also
-reordered once into oneDNN's blocked layout (`mkldnn._linear_pointwise`), 15-45%
-faster than `F.linear` on decode shapes; and decode attention is two batched matmuls
-(scaled_dot_product_attention's CPU kernel takes ~1.5 ms per layer for one query row).
+reordered once into oneDNN's blocked layout (`mkldnn._linear_pointwise`), faster
+than `F.linear` on decode shapes; and decode attention is two batched matmuls, several
+times faster than scaled_dot_product_attention's CPU kernel for one query row
+(`bench/engine_choices.py` measures both).
 
 What it covers: decoder-only models whose layers are Llama's (Llama, Mistral without a
 sliding window, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms).
@@ -250,7 +251,8 @@ class SlotCache:
     V is (layers, slots, kv_heads, T, head_dim); K is stored transposed, (layers,
     slots, kv_heads, head_dim, T). Decode reads only the first `width` columns, and in
     these layouts both column slices are matrices bmm takes as they are. (With K as
-    (T, head_dim) its sliced transpose made bmm copy K first: ~1.7x slower.) At decode
+    (T, head_dim) its sliced transpose made bmm copy K first: ~1.7x slower,
+    `bench/engine_choices.py`.) At decode
     the cache read is as large as the weights' (both memory-bound), so reading only
     the columns in use matters.
     """

@@ -24,7 +24,8 @@ Concurrency contract:
   and runs on the event loop's own thread, and the task yields to the loop after every
   step, so other tasks (an HTTP server, workflows) run between steps, at most one step
   late. Not in a worker thread: on CPU, torch ops from a second thread run with a
-  second OpenMP team, and a decode step measured ~1.4x slower there.
+  second OpenMP team, and a decode step measured 1.7-1.9x slower there
+  (`bench/engine_choices.py`).
 - `update_weights` and `pause` take the same lock, so they never overlap a forward:
   weights change and decoding halts exactly at a step boundary.
 - A failing step fails every running and waiting request with EngineError chained to
