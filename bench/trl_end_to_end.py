@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRL_PY = ROOT / ".venv-trl" / "bin" / "python"
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")  # looprl.tasks.arithmetic's, for .venv-trl
 
 
@@ -182,7 +181,7 @@ def main() -> None:
     from looprl.tasks.arithmetic import make_splits
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from trl_train_throughput import ensure_trl_venv, trl_versions
+    from trl_train_throughput import TRL_PY, ensure_trl_venv, trl_versions
 
     ensure_trl_venv()
     out = args.out or Path(tempfile.mkdtemp(prefix="trl_e2e_"))

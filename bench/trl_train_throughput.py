@@ -38,12 +38,9 @@ GROUP, COMPLETION_TOKENS, LR = 8, 48, 2e-5
 
 def ensure_trl_venv() -> None:
     """Create .venv-trl with torch 2.13.0 (the local CPU wheel) and the newest TRL."""
-    if TRL_PY.exists():
-        return
-    pip = [str(TRL_PY), "-m", "pip", "install", "-q"]
-    subprocess.run(["python3.11", "-m", "venv", str(TRL_VENV)], check=True)
-    subprocess.run([*pip, "torch==2.13.0"], check=True)
-    subprocess.run([*pip, "trl", "torch==2.13.0"], check=True)
+    from looprl.venvs import ensure_venv  # here: this file also runs in .venv-trl
+
+    ensure_venv(TRL_VENV, ["torch==2.13.0", "trl"])
 
 
 def trl_versions() -> dict[str, str]:

