@@ -55,6 +55,13 @@ class EngineConfig(Section):
     batch_wait_ms: float = Field(
         5.0, ge=0, description="How long the batcher waits for more requests to join a batch."
     )
+    prefix_cache_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Tokens of K/V kept for reuse (fused): the prefix a prefill batch shares "
+        "(system prompt) and finished sequences (a multi-turn session's next prompt extends "
+        "them). A new prompt's prefill starts after its longest stored prefix; 0 disables.",
+    )
     impl: Literal["auto", "fused", "hf"] = Field(
         "auto",
         description="Forward used by the local engine: 'fused' (Llama-family models: fused "

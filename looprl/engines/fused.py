@@ -17,15 +17,20 @@ What it covers: decoder-only models whose layers are Llama's (Llama, Mistral wit
 sliding window, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms).
 `unsupported_reason` says why any other model is left to the Hugging Face forward.
 
-The cache. `SlotCache` holds K and V as (layers, slots, kv_heads, T, head_dim). A
+The cache. `SlotCache` holds V as (layers, slots, kv_heads, T, head_dim), K transposed. A
 sequence owns one slot from admission to finish, and its token at position p lives at
 column p. Slots and columns grow on demand (rounded up, never past the budget the
-engine checks with `fits`) and are released when the batch empties. Decode attends
+engine checks with `fits`); the memory is kept for the next batch. Decode attends
 from every slot up to the highest in use, each row masked to its own length; a free
 slot's query is a zero row whose output is discarded.
+
+`PrefixStore` keeps the K/V of prefixes computed earlier (a system prompt, a previous
+turn), so a prefill starts after the longest one its sequence begins with.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -150,17 +155,38 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def prefill(
-        self, cache: SlotCache, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
+        self,
+        cache: SlotCache,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        starts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run right-padded `ids` (B, P) from position 0; write K/V into `slots`.
+        """Run right-padded `ids` (B, P); write their K/V into `slots`.
 
+        Row r's tokens sit at positions starts[r].. (default 0); columns below
+        starts[r] must already hold the K/V of the tokens before them (a reused prefix).
         Returns (B, V) float32 logits at each row's last real token (`lengths` - 1).
-        Padding columns write K/V past each row's length; decode overwrites column
-        `length` before any row attends to it, and never attends beyond.
+        From position 0, padding columns write K/V past each row's length; decode
+        overwrites column `length` before any row attends to it, and never attends
+        beyond. After a prefix, only real tokens are written.
         """
         b, p = ids.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = self._rotary(torch.arange(p, device=ids.device), heads_dim=0)  # (h+kv, p, d)
+        offsets = torch.arange(p, device=ids.device)
+        extend = starts is not None and bool(starts.any())
+        if extend:
+            positions = starts[:, None] + offsets  # (b, p)
+            real = offsets < lengths[:, None]
+            rows, columns = real.nonzero(as_tuple=True)
+            written_slots, written_columns = slots[rows], positions[rows, columns]
+            width = int((starts + lengths).max())
+            # Each query sees the columns up to its own position: prefix and suffix alike.
+            visible = torch.arange(width, device=ids.device) <= positions[..., None]
+            visible = visible[:, None]  # (b, 1, p, width)
+            cos, sin = self._rotary(positions.clamp(max=self.max_positions - 1), heads_dim=1)
+        else:
+            cos, sin = self._rotary(offsets, heads_dim=0)  # (h+kv, p, d)
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
@@ -168,11 +194,20 @@ class FusedDecoder:
             qkv = qkv.transpose(1, 2)  # (b, heads, p, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             v = qkv[:, h + kv :]
-            cache.k[i, slots, :, :, :p] = k.transpose(-1, -2)
-            cache.v[i, slots, :, :p] = v
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
-            )
+            if extend:
+                cache.k[i, written_slots, :, :, written_columns] = k.transpose(1, 2)[rows, columns]
+                cache.v[i, written_slots, :, written_columns] = v.transpose(1, 2)[rows, columns]
+                keys = cache.k[i, slots, :, :, :width].transpose(-1, -2)
+                values = cache.v[i, slots, :, :width]
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=visible, scale=1.0, enable_gqa=kv != h
+                )
+            else:
+                cache.k[i, slots, :, :, :p] = k.transpose(-1, -2)
+                cache.v[i, slots, :, :p] = v
+                out = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
+                )
             x = x + _linear(out.transpose(1, 2).reshape(b, p, h * d), wo)
             x = x + self._mlp(self._norm(x, norm2), wgu, wd)
         last = x[torch.arange(b, device=x.device), lengths - 1]
@@ -249,61 +284,183 @@ class SlotCache:
     """K and V of the running sequences, one tensor each for all layers.
 
     V is (layers, slots, kv_heads, T, head_dim); K is stored transposed, (layers,
-    slots, kv_heads, head_dim, T). Decode reads only the first `width` columns, and in
-    these layouts both column slices are matrices bmm takes as they are. (With K as
-    (T, head_dim) its sliced transpose made bmm copy K first: ~1.7x slower,
-    `bench/engine_choices.py`.) At decode
-    the cache read is as large as the weights' (both memory-bound), so reading only
-    the columns in use matters.
+    slots, kv_heads, head_dim, T). Decode reads only the first `width` columns (at
+    decode the cache read is as large as the weights', both memory-bound). In bf16,
+    bmm copies such a column slice first (its batch stride is not width x head_dim),
+    ~15% of a decode step at 64 rows; attending over every column instead, with the
+    columns grown as sequences lengthen, saved that but lost it again to the copies
+    each growth makes, so the columns are reserved up front. (With K as (T, head_dim)
+    its sliced transpose cost more: ~1.7x slower, `bench/engine_choices.py`.)
+
+    With no rows (`clear`), the memory is kept and viewed in the next batch's shape:
+    allocating and zeroing it again costs ~0.5 s for 64 slots x 192 columns of
+    SmolLM2-135M. Columns beyond a row's length hold finite leftovers, masked out.
     """
 
     def __init__(self, decoder: FusedDecoder, budget_tokens: int) -> None:
         self._decoder = decoder
         self.budget_tokens = budget_tokens
-        self.release()
+        self._storage = (torch.zeros(0, dtype=decoder.dtype, device=decoder.device),) * 2
+        self.clear()
 
-    def _empty(self, slots: int, columns: int, transposed: bool) -> torch.Tensor:
+    def _view(self, slots: int, columns: int) -> None:
+        """K and V as (slots, columns) views of the start of their storage."""
         d = self._decoder
-        inner = (d.head_dim, columns) if transposed else (columns, d.head_dim)
-        shape = (d.num_layers, slots, d.num_kv_heads, *inner)
-        return torch.zeros(shape, dtype=d.dtype, device=d.device)
+        outer = (d.num_layers, slots, d.num_kv_heads)
+        numel = d.num_layers * slots * d.num_kv_heads * d.head_dim * columns
+        k, v = (storage[:numel] for storage in self._storage)
+        self.k = k.view(*outer, d.head_dim, columns)
+        self.v = v.view(*outer, columns, d.head_dim)
 
     @property
     def shape(self) -> tuple[int, int]:
-        """(slots, columns) allocated."""
+        """(slots, columns) in use."""
         return self.v.shape[1], self.v.shape[3]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes allocated (K and V), including any kept from an earlier, larger batch."""
+        return sum(s.nbytes for s in self._storage)
 
     def fits(self, slots: int, columns: int) -> bool:
         """Whether `slots` sequences of up to `columns` tokens stay within the budget."""
         return slots * columns <= self.budget_tokens
 
     def reserve(self, slots: int, columns: int) -> None:
-        """Grow to at least (slots, columns), rounded up but within the budget."""
+        """Grow to at least (slots, columns), rounded up but within the budget.
+
+        The caller asks for slots up to the highest in use and columns up to the longest
+        row, so slots or columns beyond those (kept from earlier rounding) are dropped
+        when keeping them would pass the budget.
+        """
         have_slots, have_columns = self.shape
         if slots <= have_slots and columns <= have_columns:
             return
-        slots, columns = max(slots, have_slots), max(columns, have_columns)
+        if self.fits(max(slots, have_slots), max(columns, have_columns)):
+            slots, columns = max(slots, have_slots), max(columns, have_columns)
+        elif self.fits(slots, max(columns, have_columns)):
+            columns = max(columns, have_columns)
+        elif self.fits(max(slots, have_slots), columns):
+            slots = max(slots, have_slots)
         rounded_slots = -(-slots // _SLOT_ROUND) * _SLOT_ROUND
         rounded_columns = -(-columns // _COLUMN_ROUND) * _COLUMN_ROUND
         if self.fits(rounded_slots, columns):
             slots = rounded_slots
         if self.fits(slots, rounded_columns):
             columns = rounded_columns
-        k = self._empty(slots, columns, transposed=True)
-        v = self._empty(slots, columns, transposed=False)
-        k[:, :have_slots, ..., :have_columns] = self.k
-        v[:, :have_slots, :, :have_columns] = self.v
-        self.k, self.v = k, v
+        old_k, old_v = self.k, self.v
+        d = self._decoder
+        numel = d.num_layers * slots * d.num_kv_heads * d.head_dim * columns
+        if old_v.numel() or numel > self._storage[0].numel():
+            # zeros: V must be finite where no token was written (0 x NaN is NaN)
+            self._storage = tuple(
+                torch.zeros(numel, dtype=d.dtype, device=d.device) for _ in range(2)
+            )
+        self._view(slots, columns)
+        kept_slots, kept_columns = min(slots, have_slots), min(columns, have_columns)
+        self.k[:, :kept_slots, ..., :kept_columns] = old_k[:, :kept_slots, ..., :kept_columns]
+        self.v[:, :kept_slots, :, :kept_columns] = old_v[:, :kept_slots, :, :kept_columns]
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, columns: int) -> None:
         """Copy the first `columns` of slots `src` into slots `dst` (pairwise)."""
         self.k[:, dst, ..., :columns] = self.k[:, src, ..., :columns]
         self.v[:, dst, :, :columns] = self.v[:, src, :, :columns]
 
+    def clear(self) -> None:
+        """No rows hold K/V any more: shape (0, 0), memory kept for the next batch."""
+        self._view(0, 0)
+
     def release(self) -> None:
-        self.k = self._empty(0, 0, transposed=True)
-        self.v = self._empty(0, 0, transposed=False)
+        """Free the memory."""
+        self._storage = tuple(s[:0].clone() for s in self._storage)
+        self.clear()
+
+
+class PrefixStore:
+    """K/V of token sequences computed earlier, for new sequences that start the same way.
+
+    Entries are the shared prefix of a prefill batch (a system prompt, a few-shot
+    preamble) and every finished sequence (a multi-turn session's next prompt extends
+    its previous one). A new sequence takes the longest match among entries, as long
+    as at least `min_tokens` match, and its prefill starts after it. Entries are
+    evicted least recently used beyond `capacity_tokens`; an entry that is a prefix of
+    a newer one is dropped, the newer one serving both. K/V computed under old weights
+    are useless, so the runner clears the store on every weight update.
+    """
+
+    def __init__(self, capacity_tokens: int, min_tokens: int = 16) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.min_tokens = min_tokens
+        self._entries: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
+            OrderedDict()
+        )
+        self.tokens = 0  # held
+        self.reused_tokens = 0  # prefill tokens skipped thanks to the store, since creation
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def match(self, sequence: tuple[int, ...]) -> tuple[tuple[int, ...] | None, int]:
+        """The entry sharing the longest prefix with `sequence`, and how many tokens of it
+        are usable (at least one token of `sequence` is always left to compute)."""
+        best, best_length = None, 0
+        for key in self._entries:
+            length = min(common_prefix_length(key, sequence), len(sequence) - 1)
+            if length > best_length:
+                best, best_length = key, length
+        if best_length < self.min_tokens:
+            return None, 0
+        return best, best_length
+
+    def restore(self, sequence: tuple[int, ...], cache: SlotCache, slot: int) -> int:
+        """Copy the K/V of `sequence`'s longest stored prefix into `slot`; its length."""
+        key, length = self.match(sequence)
+        if key is None:
+            return 0
+        k, v = self._entries[key]
+        self._entries.move_to_end(key)
+        cache.k[:, slot, ..., :length] = k[..., :length]
+        cache.v[:, slot, :, :length] = v[:, :, :length]
+        self.reused_tokens += length
+        return length
+
+    def save(self, tokens: tuple[int, ...], cache: SlotCache, slot: int) -> None:
+        """Keep the K/V of `tokens`, which `slot` holds in its first len(tokens) columns."""
+        n = len(tokens)
+        if n < self.min_tokens or n > self.capacity_tokens:
+            return
+        if tokens in self._entries:
+            self._entries.move_to_end(tokens)
+            return
+        for key in [key for key in self._entries if tokens[: len(key)] == key]:
+            self._drop(key)
+        while self.tokens + n > self.capacity_tokens:
+            self._drop(next(iter(self._entries)))
+        self._entries[tokens] = (
+            cache.k[:, slot, ..., :n].clone(),
+            cache.v[:, slot, :, :n].clone(),
+        )
+        self.tokens += n
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        del self._entries[key]
+        self.tokens -= len(key)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+
+def common_prefix_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix of `a` and `b` (binary search over C-speed compares)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

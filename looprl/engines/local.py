@@ -106,6 +106,7 @@ class LocalEngine:
         max_batch_size: int = 64,
         max_tokens_per_batch: int = 65536,
         batch_wait_ms: float = 5.0,
+        prefix_cache_tokens: int = 8192,
         version: int = 0,
         impl: str = "auto",
     ) -> None:
@@ -116,6 +117,8 @@ class LocalEngine:
                 f"max_batch_size={max_batch_size} and max_tokens_per_batch="
                 f"{max_tokens_per_batch} must both be >= 1"
             )
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens={prefix_cache_tokens} must be >= 0")
         if impl not in ("auto", "fused", "hf"):
             raise ValueError(f"engine impl={impl!r} must be 'auto', 'fused' or 'hf'")
         tune_malloc()
@@ -129,7 +132,7 @@ class LocalEngine:
                 log.info("Local engine: Hugging Face forward (%s)", reason)
             self._runner: FusedRunner | HFRunner = HFRunner(self._model, max_tokens_per_batch)
         else:
-            self._runner = FusedRunner(self._model, max_tokens_per_batch)
+            self._runner = FusedRunner(self._model, max_tokens_per_batch, prefix_cache_tokens)
         self._eos_token_ids = frozenset(eos_token_ids)
         self._decode = decode
         self._max_batch_size = max_batch_size
@@ -167,6 +170,7 @@ class LocalEngine:
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
             impl=cfg.impl,
         )
 
@@ -360,12 +364,9 @@ class LocalEngine:
                 keep.append(i)
         self._last_tokens = tokens
         if finished:
-            if keep:
-                self._rows = [self._rows[i] for i in keep]
-                self._last_tokens = tokens[torch.tensor(keep, device=tokens.device)]
-                self._runner.keep(keep)
-            else:
-                self._reset_batch()
+            self._rows = [self._rows[i] for i in keep]
+            self._last_tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
+            self._runner.keep(keep)
         return finished
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:

@@ -25,20 +25,25 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from looprl.engines.fused import FusedDecoder, SlotCache
+from looprl.engines.fused import FusedDecoder, PrefixStore, SlotCache, common_prefix_length
 
 
 class FusedRunner:
-    def __init__(self, model: PreTrainedModel, budget_tokens: int) -> None:
+    def __init__(
+        self, model: PreTrainedModel, budget_tokens: int, prefix_cache_tokens: int = 0
+    ) -> None:
         self._decoder = FusedDecoder(model)
         self._device = model.device
         self.cache = SlotCache(self._decoder, budget_tokens)
+        self.prefixes = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
         self._slots: list[int] = []  # per row
-        self._lengths: list[int] = []  # per row: tokens in the cache
+        self._tokens: list[list[int]] = []  # per row: the tokens whose K/V are in the cache
         self._reserved: list[int] = []  # per row: columns it may grow to
 
     def reload(self, model: PreTrainedModel) -> None:
         self._decoder.load(model)
+        if self.prefixes is not None:
+            self.prefixes.clear()
 
     def fits(self, reserved: list[int]) -> bool:
         top = max([*self._slots, -1]) + 1
@@ -48,57 +53,94 @@ class FusedRunner:
         taken = set(self._slots)
         free = (s for s in range(len(taken) + len(sequences)) if s not in taken)
         slots = [next(free) for _ in sequences]
-        self.cache.reserve(max([*self._slots, *slots]) + 1, max([*self._reserved, *reserved]))
         self._slots += slots
-        self._lengths += [len(s) for s in sequences]
+        self._tokens += [list(s) for s in sequences]
         self._reserved += reserved
+        self.cache.reserve(max(self._slots) + 1, max(self._reserved))
         return self._prefill(sequences, slots)
 
     def _prefill(self, sequences: list[list[int]], slots: list[int]) -> torch.Tensor:
         # Identical sequences (the samples of a group) share one forward; their cache is
-        # copied slot to slot.
+        # copied slot to slot. The others start after the longest prefix stored.
+        keys = [tuple(s) for s in sequences]
         first: dict[tuple[int, ...], int] = {}
-        source = [first.setdefault(tuple(s), i) for i, s in enumerate(sequences)]
+        source = [first.setdefault(key, i) for i, key in enumerate(keys)]
         unique = sorted(set(source))
-        width = max(len(sequences[i]) for i in unique)
-        ids = torch.zeros(len(unique), width, dtype=torch.long)
-        for row, i in enumerate(unique):
-            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-        lengths = torch.tensor([len(sequences[i]) for i in unique])
-        src_slots = torch.tensor([slots[i] for i in unique], device=self._device)
-        logits = self._decoder.prefill(
-            self.cache, ids.to(self._device), lengths.to(self._device), src_slots
+        starts = {i: 0 for i in unique}
+        if self.prefixes is not None:
+            self._store_common_prefix([keys[i] for i in unique], slots[unique[0]])
+            starts = {i: self.prefixes.restore(keys[i], self.cache, slots[i]) for i in unique}
+        logits = self._forward(
+            [sequences[i] for i in unique], [slots[i] for i in unique], [starts[i] for i in unique]
         )
         copies = [i for i in range(len(sequences)) if source[i] != i]
         if copies:
+            width = max(len(sequences[i]) for i in unique)
             dst = torch.tensor([slots[i] for i in copies], device=self._device)
             src = torch.tensor([slots[source[i]] for i in copies], device=self._device)
             self.cache.copy_slots(src, dst, width)
         row_of = {i: row for row, i in enumerate(unique)}
         return logits[torch.tensor([row_of[i] for i in source], device=self._device)]
 
+    def _forward(
+        self, sequences: list[list[int]], slots: list[int], starts: list[int]
+    ) -> torch.Tensor:
+        """Prefill each sequence from its start (the K/V before it already in its slot)."""
+        lengths = [len(s) - start for s, start in zip(sequences, starts, strict=True)]
+        ids = torch.zeros(len(sequences), max(lengths), dtype=torch.long)
+        for row, (sequence, start) in enumerate(zip(sequences, starts, strict=True)):
+            ids[row, : len(sequence) - start] = torch.tensor(sequence[start:])
+        device = self._device
+        return self._decoder.prefill(
+            self.cache,
+            ids.to(device),
+            torch.tensor(lengths, device=device),
+            torch.tensor(slots, device=device),
+            torch.tensor(starts, device=device) if any(starts) else None,
+        )
+
+    def _store_common_prefix(self, keys: list[tuple[int, ...]], slot: int) -> None:
+        """Compute the prefix all `keys` share once, in `slot`, and store it (unless the
+        store already has it), so that every row's prefill starts after it."""
+        if len(keys) < 2:
+            return
+        length = min(len(k) for k in keys) - 1
+        for key in keys[1:]:
+            length = min(length, common_prefix_length(keys[0], key))
+        prefix = keys[0][:length]
+        if length < self.prefixes.min_tokens or self.prefixes.match(prefix)[1] >= length - 1:
+            return
+        start = self.prefixes.restore(prefix, self.cache, slot)
+        self._forward([list(prefix)], [slot], [start])
+        self.prefixes.save(prefix, self.cache, slot)
+
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.tensor(self._lengths, device=self._device)
+        positions = torch.tensor([len(t) for t in self._tokens], device=self._device)
         slots = torch.tensor(self._slots, device=self._device)
         logits = self._decoder.decode(self.cache, tokens.to(self._device), positions, slots)
-        self._lengths = [n + 1 for n in self._lengths]
+        for row, token in zip(self._tokens, tokens.tolist(), strict=True):
+            row.append(token)
         return logits
 
     def refill(self, sequences: list[list[int]]) -> torch.Tensor:
-        self._lengths = [len(s) for s in sequences]
+        self._tokens = [list(s) for s in sequences]
         return self._prefill(sequences, self._slots)
 
     def keep(self, indices: list[int]) -> None:
-        if not indices:
-            self.reset()
-            return
+        if self.prefixes is not None:  # finished rows: a later prompt may extend them
+            kept = set(indices)
+            for row, (slot, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
+                if row not in kept:
+                    self.prefixes.save(tuple(tokens), self.cache, slot)
         self._slots = [self._slots[i] for i in indices]
-        self._lengths = [self._lengths[i] for i in indices]
+        self._tokens = [self._tokens[i] for i in indices]
         self._reserved = [self._reserved[i] for i in indices]
+        if not indices:
+            self.cache.clear()
 
     def reset(self) -> None:
-        self._slots, self._lengths, self._reserved = [], [], []
-        self.cache.release()
+        self._slots, self._tokens, self._reserved = [], [], []
+        self.cache.clear()
 
 
 class HFRunner:

@@ -7,6 +7,7 @@ prompt + output, without padding, cache or batching.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -369,17 +370,66 @@ async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts):
     assert [g.output_ids for g in gens] == [g.output_ids for g in expected] * 3
 
 
-async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
-    """A group's samples are prefilled once; each still matches its prompt run alone."""
-    engine = LocalEngine(tiny_model, eos_token_ids=[])
-    prefilled_rows: list[int] = []
+def count_prefills(engine: LocalEngine) -> tuple[list[int], list[int]]:
+    """Rows and real tokens of each prefill forward `engine` runs from now on."""
+    rows: list[int] = []
+    tokens: list[int] = []
     decoder_prefill = engine._runner._decoder.prefill
 
-    def counting_prefill(cache, ids, lengths, slots):
-        prefilled_rows.append(ids.shape[0])
-        return decoder_prefill(cache, ids, lengths, slots)
+    def counting_prefill(cache, ids, lengths, *args):
+        rows.append(ids.shape[0])
+        tokens.append(int(lengths.sum()))
+        return decoder_prefill(cache, ids, lengths, *args)
 
     engine._runner._decoder.prefill = counting_prefill
+    return rows, tokens
+
+
+async def test_prefix_store_skips_shared_and_earlier_tokens(tiny_model, other_tiny_model, prompts):
+    """The system prompt every prompt shares is prefilled once; a next turn that extends
+    a finished sequence prefills only its new tokens; a weight update empties the store.
+    Outputs and logprobs stay those of an engine without the store."""
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    plain = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0)
+    engine = LocalEngine(tiny_model, eos_token_ids=[])
+    store = engine._runner.prefixes
+    rows, tokens = count_prefills(engine)
+    shared = len(os.path.commonprefix(prompts))
+    assert shared >= store.min_tokens  # the chat template's system prompt
+
+    first = await generate_all(engine, prompts, greedy)
+    assert rows == [1, len(prompts)]  # the shared prefix alone, then every suffix
+    assert tokens == [shared, sum(len(p) - shared for p in prompts)]
+    expected = await generate_all(plain, prompts, greedy)
+    assert [g.output_ids for g in first] == [g.output_ids for g in expected]
+
+    # Turn two: the first turn's tokens plus a new message. The store holds the first
+    # turn up to its last sampled token, which was never fed back.
+    turn = first[3].prompt_ids + first[3].output_ids + prompts[0][shared:]
+    rows.clear()
+    tokens.clear()
+    second = await engine.generate(turn, greedy)
+    assert tokens == [len(prompts[0]) - shared + 1]
+    assert second.output_ids == (await plain.generate(turn, greedy)).output_ids
+    expected_logprobs = teacher_forced_logprobs(tiny_model, second)
+    assert torch.allclose(torch.tensor(second.logprobs), expected_logprobs, atol=1e-4, rtol=0)
+
+    await engine.update_weights(other_tiny_model.state_dict(), version=1)
+    assert len(store) == 0
+    rows.clear()
+    tokens.clear()
+    after = await engine.generate(turn, greedy)
+    assert tokens == [len(turn)]  # nothing computed under the old weights is reused
+    expected_logprobs = teacher_forced_logprobs(other_tiny_model, after)
+    assert torch.allclose(torch.tensor(after.logprobs), expected_logprobs, atol=1e-4, rtol=0)
+    await engine.stop()
+    await plain.stop()
+
+
+async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
+    """A group's samples are prefilled once; each still matches its prompt run alone."""
+    engine = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0)
+    prefilled_rows = count_prefills(engine)[0]
     greedy = SamplingParams(max_new_tokens=10, temperature=0)
     group = [prompts[0]] * 4 + [prompts[1]] * 4
     gens = await generate_all(engine, group, greedy)

@@ -70,6 +70,37 @@ def test_prefill_and_decode_match_the_hugging_face_forward(arch):
         torch.testing.assert_close(decode[i], ref[-1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("arch", MODELS)
+def test_prefill_after_a_cached_prefix_matches_the_hugging_face_forward(arch):
+    """Rows continue from K/V already in their slots (a reused prefix), each from its own
+    position; one row starts from scratch in the same call."""
+    torch.manual_seed(1)
+    model = MODELS[arch]().eval()
+    decoder = FusedDecoder(model)
+    cache = SlotCache(decoder, budget_tokens=10_000)
+    cache.reserve(3, 24)
+    sequences = [torch.randint(0, 300, (n,)).tolist() for n in (11, 7, 15)]
+    starts = [6, 0, 3]
+    slots = torch.tensor([2, 0, 1])
+    prefix = torch.zeros(3, 6, dtype=torch.long)
+    for i, (s, start) in enumerate(zip(sequences, starts, strict=True)):
+        prefix[i, : max(start, 1)] = torch.tensor(s[: max(start, 1)])
+    decoder.prefill(cache, prefix, torch.tensor([6, 1, 3]), slots)  # the cached prefixes
+    width = max(len(s) - start for s, start in zip(sequences, starts, strict=True))
+    ids = torch.zeros(3, width, dtype=torch.long)
+    for i, (s, start) in enumerate(zip(sequences, starts, strict=True)):
+        ids[i, : len(s) - start] = torch.tensor(s[start:])
+    lengths = torch.tensor([len(s) - start for s, start in zip(sequences, starts, strict=True)])
+    logits = decoder.prefill(cache, ids, lengths, slots, torch.tensor(starts))
+    nxt = logits.argmax(-1)
+    decode = decoder.decode(cache, nxt, torch.tensor([len(s) for s in sequences]), slots)
+    for i, s in enumerate(sequences):
+        with torch.no_grad():
+            ref = model(torch.tensor([s + [int(nxt[i])]])).logits[0]
+        torch.testing.assert_close(logits[i], ref[-2], atol=1e-4, rtol=0)
+        torch.testing.assert_close(decode[i], ref[-1], atol=1e-4, rtol=0)
+
+
 def test_unsupported_models_say_why():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     assert "gpt2" in unsupported_reason(gpt2)
@@ -86,18 +117,27 @@ def test_slot_cache_grows_within_budget_and_keeps_contents():
     roomy = SlotCache(decoder, budget_tokens=1000)
     roomy.reserve(2, 30)
     assert roomy.shape == (8, 64)  # rounded up: 512 tokens fit the budget
-    tight = SlotCache(decoder, budget_tokens=100)
+    tight = SlotCache(decoder, budget_tokens=130)
     tight.reserve(2, 30)
-    assert tight.shape == (2, 30)  # rounding up either way would pass 100 tokens
+    assert tight.shape == (2, 64)  # columns rounded up; 8 slots would pass 130 tokens
     tight.k[:, 1, :, :, 29] = 7.0
     tight.v[:, 1, :, 29] = 8.0
     tight.reserve(3, 30)
-    assert tight.shape == (3, 30)
+    assert tight.shape == (3, 30)  # a third row: the 2 rounding columns no longer fit
     assert (tight.k[:, 1, :, :, 29] == 7.0).all() and (tight.v[:, 1, :, 29] == 8.0).all()
     assert (tight.k[:, 2] == 0).all() and (tight.v[:, 2] == 0).all()
     tight.copy_slots(torch.tensor([1]), torch.tensor([2]), 30)
     assert (tight.k[:, 2] == tight.k[:, 1]).all() and (tight.v[:, 2] == tight.v[:, 1]).all()
     assert tight.nbytes == 2 * 3 * 30 * 2 * 2 * 16 * 4  # K+V, slots, columns, layers, kv, d
-    assert tight.fits(3, 33) and not tight.fits(4, 26)
+    assert tight.fits(3, 43) and not tight.fits(4, 33)
+
+    # With no rows left the memory is kept and viewed in the next batch's shape.
+    storage = tight.v.data_ptr()
+    tight.clear()
+    assert tight.shape == (0, 0) and tight.nbytes == 2 * 3 * 30 * 2 * 2 * 16 * 4
+    tight.reserve(4, 20)
+    assert tight.shape == (4, 20) and tight.v.data_ptr() == storage
+    assert tight.k.is_contiguous() and tight.v.is_contiguous()
+    assert torch.isfinite(tight.v).all()  # masked leftovers, never NaN (0 x NaN = NaN)
     tight.release()
-    assert tight.shape == (0, 0)
+    assert tight.shape == (0, 0) and tight.nbytes == 0
