@@ -137,11 +137,36 @@ class RolloutConfig(Section):
     timeout_s: float = Field(
         300.0, gt=0, description="A rollout running longer is cancelled and counted as timed out."
     )
+    dynamic_filtering: bool = Field(
+        False,
+        description="DAPO dynamic sampling: leave out groups whose rewards are all equal "
+        "(zero advantage) and keep sampling until the batch is full.",
+    )
+    blocked_warning_s: float = Field(
+        60.0,
+        gt=0,
+        description="Warn once when admission has kept a waiting batch from filling this long.",
+    )
     trajectory_mode: Literal["concat", "per_call"] = Field(
         "concat",
         description="Multi-call sessions: one concatenated sample when the prompts "
         "extend each other (else per call), or always one sample per call.",
     )
+
+    @model_validator(mode="after")
+    def _groups_can_start(self) -> RolloutConfig:
+        if self.group_size > self.max_concurrent_rollouts:
+            raise ValueError(
+                f"group_size={self.group_size} > max_concurrent_rollouts="
+                f"{self.max_concurrent_rollouts}: a group starts all its rollouts at once, "
+                "so none could ever start; raise max_concurrent_rollouts"
+            )
+        if self.dynamic_filtering and self.group_size < 2:
+            raise ValueError(
+                "dynamic_filtering=true needs group_size >= 2: a group of one always has "
+                "all-equal rewards, so every group would be left out"
+            )
+        return self
 
 
 class TrainConfig(Section):
@@ -163,7 +188,18 @@ class TrainConfig(Section):
         5.0,
         gt=0,
         description="Decoupled PPO: tokens whose behavior weight pi_prox/pi_behav "
-        "exceeds this are left out of the loss; None keeps every token.",
+        "exceeds this are masked or truncated (behavior_weight_mode); None keeps every "
+        "weight as it is.",
+    )
+    behavior_weight_mode: Literal["mask", "truncate"] = Field(
+        "mask",
+        description="Decoupled PPO, a weight above behavior_weight_cap: `mask` leaves its "
+        "token (or sequence) out of the loss, `truncate` lowers the weight to the cap.",
+    )
+    behavior_weight_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="Decoupled PPO: one behavior weight per token, or one per sequence "
+        "(the geometric mean of its tokens' weights) for every token of it.",
     )
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
         "token_mean", description="How per-token losses are reduced over the batch."
@@ -291,6 +327,9 @@ def _describe(error: ValidationError, data: dict) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown field{_suggest(err['loc'])}")
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A check across fields: its message names them; the section's dict is noise.
+            lines.append(f"  {loc}: {err['ctx']['error']}")
         else:
             lines.append(f"  {loc}={err.get('input')!r}: {err['msg']}")
     return "\n".join(lines)

@@ -4,33 +4,43 @@ Owns: one rollout (open a session, run the user's workflow with a timeout, score
 export the session's calls as trajectories, close the session), groups of rollouts of
 one dataset row, and two ways to drive them:
 
-- `rollout_batch(rows)`: run every row x group_size now, with bounded concurrency
-  (offline collection, evaluation, `looprl rollout`).
-- `prepare_batch(rows, batch_size)`: continuous production under the staleness
-  manager (staleness.py). A producer task keeps admitting groups while capacity
-  allows; `prepare_batch` returns the next `batch_size` finished groups. With
+- `rollout_batch(rows, workflow=..., workflow_kwargs=..., group_size=...)`: run every
+  row x group_size now, with bounded concurrency, outside the staleness manager
+  (offline collection, evaluation, `looprl rollout`, debugging).
+- `submit(row)` + `wait(count)`, and `prepare_batch(rows, batch_size)` on top of them:
+  continuous production under the staleness manager (staleness.py). A dispatcher task
+  admits queued groups (submitted first, then rows drawn from `prepare_batch`'s
+  iterator) while capacity allows; `wait` returns the next finished groups. With
   `max_head_offpolicyness = 0` this is synchronous RL.
 
 A workflow that raises, hangs past `timeout_s`, returns None or a NaN reward never
 stops the run: the rollout is counted by its outcome, and the first error of each type
-is logged with its message. Knows nothing of training.
+is logged with its message. Groups are left out of a batch, counted and reported with
+the next batch, when none of their rollouts produced data, when their rewards are all
+equal (`dynamic_filtering`), or when their oldest token is more than
+`max_head_offpolicyness` versions behind by the time they are taken (so nothing
+trained is staler than the bound, even when a slow rollout finishes late). When
+admission keeps a waiting caller from its groups for `blocked_warning_s`, the formula
+with its numbers and the setting to raise are logged once. Knows nothing of training.
 
-Concurrency contract: the producer task (started by the first `prepare_batch`)
-consumes rows from the iterator given to it, waits for admission capacity (freed when
-rollouts finish or the policy version advances, see `notify_version`), and puts each
-finished group on a queue that `prepare_batch` reads. `close()` cancels it and every
-rollout in flight. An exception inside the producer is re-raised by `prepare_batch`.
+Concurrency contract: everything runs on one event loop. `submit` and `prepare_batch`
+only queue work and start the dispatcher; the dispatcher waits on `_admission_changed`
+(set when rollouts finish, callers wait, or `notify_version` says the policy version
+advanced) and callers of `wait` on `_group_done`. `close()` cancels the dispatcher and
+every rollout in flight. An exception inside the controller's own tasks (not a
+workflow's, which is counted) is re-raised by the next `wait`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -38,7 +48,7 @@ from looprl.config import RolloutConfig
 from looprl.staleness import StalenessManager
 from looprl.trajectory import build_trajectories
 from looprl.types import Interaction, Trajectory
-from looprl.workflow import Workflow
+from looprl.workflow import Workflow, resolve_workflow
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,7 @@ class RolloutOutcome:
     reward: float | None = None
     error: str | None = None
     elapsed_s: float = 0.0
+    started: float = 0.0  # time.monotonic() at the start
     sampled_tokens: int = 0
     export_stats: dict[str, int] = field(default_factory=dict)
 
@@ -84,13 +95,25 @@ class RolloutResult:
 
     outcomes: list[RolloutOutcome]
     elapsed_s: float
+    dropped: dict[str, int] = field(default_factory=dict)  # groups left out, by reason
+    # Rollouts that finished meanwhile in groups not returned: all failed or rejected,
+    # filtered, or too stale. Their outcomes count; their rewards and tokens do not.
+    left_out: list[RolloutOutcome] = field(default_factory=list)
 
     @property
     def trajectories(self) -> list[Trajectory]:
         return [t for o in self.outcomes for t in o.trajectories]
 
     def stats(self) -> dict[str, Any]:
-        return summarize(self.outcomes, self.elapsed_s)
+        stats = summarize(self.outcomes, self.elapsed_s)
+        left = summarize(self.left_out, self.elapsed_s)
+        for key in ("rollouts", "rejected", "failed", "timed_out"):
+            stats[key] += left[key]
+        stats["errors"] = dict(Counter(stats["errors"]) + Counter(left["errors"]))
+        stats["left_out_rollouts"] = left["rollouts"]
+        stats["dropped_stale_groups"] = self.dropped.get("dropped_stale_groups", 0)
+        stats["filtered_groups"] = self.dropped.get("filtered_groups", 0)
+        return stats
 
 
 def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any]:
@@ -102,6 +125,12 @@ def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any
     status = Counter(o.status for o in outcomes)
     rewards = [o.reward for o in outcomes if o.reward is not None]
     tokens = sum(o.sampled_tokens for o in outcomes)
+    # Over the span the outcomes were produced in: a batch taken from groups finished
+    # ahead (asynchronous RL) is returned at once, but was not produced in no time.
+    if outcomes and all(o.started for o in outcomes):
+        elapsed_s = max(o.started + o.elapsed_s for o in outcomes) - min(
+            o.started for o in outcomes
+        )
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     var = sum((r - mean) ** 2 for r in rewards) / len(rewards) if rewards else float("nan")
     errors = Counter(o.error.split(":", 1)[0] for o in outcomes if o.error)
@@ -125,6 +154,16 @@ def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any
         "concat_breaks": export["concat_breaks"],
         "unrewarded_calls": export["unrewarded_calls"],
     }
+
+
+@dataclass
+class _Job:
+    """A group waiting for admission: `group_size` rollouts of one row."""
+
+    row: dict
+    group_size: int
+    workflow: Workflow
+    sampling_overrides: dict[str, Any] | None = None
 
 
 class RolloutController:
@@ -152,15 +191,31 @@ class RolloutController:
             max_head_offpolicyness=cfg.max_head_offpolicyness,
         )
         self._errors_logged: set[str] = set()
-        self._producer: asyncio.Task | None = None
-        self._ready: asyncio.Queue[list[RolloutOutcome]] = asyncio.Queue()
-        self._changed = asyncio.Event()
+        self._jobs: deque[_Job] = deque()  # submitted, not admitted yet
+        self._rows: Iterator[dict] | None = None  # prepare_batch's data, after the jobs
+        self._rows_done = False
+        self._admitting: _Job | None = None  # the job the dispatcher holds
+        self._in_flight: set[asyncio.Task] = set()
+        self._failure: BaseException | None = None
+        self._dispatcher: asyncio.Task | None = None
+        self._ready: deque[list[RolloutOutcome]] = deque()
+        self._admission_changed = asyncio.Event()  # capacity, jobs or waiters changed
+        self._group_done = asyncio.Event()  # a group finished, or the dispatcher stopped
+        self._waiting: tuple[str, int, int] | None = None  # (who, groups asked, still needed)
+        self._dropped: Counter[str] = Counter()
+        self._left_out: list[RolloutOutcome] = []
+        self._warned: set[str] = set()  # admission terms a blocked warning named
 
     # ---- one rollout -------------------------------------------------------------
 
     async def run_one(
-        self, row: dict, group_id: str, sampling_overrides: dict[str, Any] | None = None
+        self,
+        row: dict,
+        group_id: str,
+        sampling_overrides: dict[str, Any] | None = None,
+        workflow: Workflow | None = None,
     ) -> RolloutOutcome:
+        workflow = workflow or self.workflow
         handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
         start = time.monotonic()
         status: Status = "completed"
@@ -168,7 +223,7 @@ class RolloutController:
         error = None
         try:
             result = await asyncio.wait_for(
-                self.workflow.run(
+                workflow.run(
                     row, base_url=handle.base_url, api_key=handle.api_key, model=self.model_name
                 ),
                 timeout=self.cfg.timeout_s,
@@ -182,14 +237,14 @@ class RolloutController:
         elapsed = time.monotonic() - start
         if status != "completed":
             self._log_error(error)
-            return RolloutOutcome(group_id, status, error=error, elapsed_s=elapsed)
+            return RolloutOutcome(group_id, status, error=error, elapsed_s=elapsed, started=start)
 
         reward, error = check_reward(result if result is not None else session.reward)
         if error:
             self._log_error(error)
-            return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed)
+            return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
         if reward is None:
-            return RolloutOutcome(group_id, "rejected", elapsed_s=elapsed)
+            return RolloutOutcome(group_id, "rejected", elapsed_s=elapsed, started=start)
         trajectories, export_stats = build_trajectories(
             session.interactions,
             reward,
@@ -204,7 +259,7 @@ class RolloutController:
                 f"(calls recorded: {len(session.interactions)})"
             )
             self._log_error(error)
-            return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed)
+            return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
         scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
         return RolloutOutcome(
             group_id,
@@ -212,6 +267,7 @@ class RolloutController:
             trajectories=trajectories,
             reward=scalar,
             elapsed_s=elapsed,
+            started=start,
             sampled_tokens=sum(t.num_sampled_tokens for t in trajectories),
             export_stats=export_stats,
         )
@@ -223,14 +279,29 @@ class RolloutController:
             log.warning("A rollout ended with %s (later %s errors are only counted)", error, kind)
 
     async def run_group(
-        self, row: dict, group_size: int, sampling_overrides: dict[str, Any] | None = None
+        self,
+        row: dict,
+        group_size: int,
+        sampling_overrides: dict[str, Any] | None = None,
+        workflow: Workflow | None = None,
     ) -> list[RolloutOutcome]:
         group_id = uuid.uuid4().hex[:12]
         return list(
             await asyncio.gather(
-                *(self.run_one(row, group_id, sampling_overrides) for _ in range(group_size))
+                *(
+                    self.run_one(row, group_id, sampling_overrides, workflow)
+                    for _ in range(group_size)
+                )
             )
         )
+
+    def _workflow_for(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Workflow:
+        """The controller's workflow, or another one for this call (as `workflow.name`)."""
+        if workflow is None:
+            if workflow_kwargs:
+                raise ValueError("workflow_kwargs were given without a workflow to build")
+            return self.workflow
+        return resolve_workflow(workflow, workflow_kwargs)
 
     # ---- all at once -------------------------------------------------------------
 
@@ -238,18 +309,25 @@ class RolloutController:
         self,
         rows: list[dict],
         *,
+        workflow: Any = None,
+        workflow_kwargs: dict[str, Any] | None = None,
         group_size: int | None = None,
         sampling_overrides: dict[str, Any] | None = None,
         on_done: Callable[[RolloutOutcome], None] | None = None,
     ) -> RolloutResult:
-        """Run every row `group_size` times now, at most `max_concurrent_rollouts` at once."""
+        """Run every row `group_size` times now, at most `max_concurrent_rollouts` at once.
+
+        Outside the staleness manager (offline collection, evaluation, debugging);
+        `workflow` (instance, class, "module:Name" or async function, built with
+        `workflow_kwargs`) replaces the controller's workflow for this call."""
         group_size = group_size or self.cfg.group_size
+        chosen = self._workflow_for(workflow, workflow_kwargs)
         limit = asyncio.Semaphore(self.cfg.max_concurrent_rollouts)
         start = time.monotonic()
 
         async def one(row: dict, group_id: str) -> RolloutOutcome:
             async with limit:
-                outcome = await self.run_one(row, group_id, sampling_overrides)
+                outcome = await self.run_one(row, group_id, sampling_overrides, chosen)
             if on_done:
                 on_done(outcome)
             return outcome
@@ -263,76 +341,273 @@ class RolloutController:
 
     # ---- continuous, under the staleness manager ---------------------------------
 
+    def submit(
+        self,
+        row: dict,
+        *,
+        workflow: Any = None,
+        workflow_kwargs: dict[str, Any] | None = None,
+        group_size: int | None = None,
+        sampling_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue one group of `row` for admission; `wait` returns it when it finished."""
+        group_size = group_size or self.cfg.group_size
+        if group_size > self.cfg.max_concurrent_rollouts:
+            raise ValueError(
+                f"a group of {group_size} rollouts can never start under "
+                f"rollout.max_concurrent_rollouts={self.cfg.max_concurrent_rollouts}"
+            )
+        job = _Job(row, group_size, self._workflow_for(workflow, workflow_kwargs))
+        job.sampling_overrides = sampling_overrides
+        self._jobs.append(job)
+        self._start_dispatcher()
+
     async def prepare_batch(
-        self, rows: Iterator[dict], batch_size: int | None = None
+        self, rows: Iterable[dict], batch_size: int | None = None
     ) -> RolloutResult:
-        """Return the next `batch_size` finished groups (each with >= 1 trajectory)."""
-        batch_size = batch_size or self.cfg.batch_size
-        if self._producer is None:
-            self._producer = asyncio.create_task(self._produce(rows), name="rollout-producer")
+        """Return the next `batch_size` finished groups, drawing groups from `rows`
+        whenever nothing submitted is waiting. The first call's `rows` is kept: later
+        calls go on where it stopped, so the engine stays busy between calls."""
+        if self._rows is None and not self._rows_done:
+            self._rows = iter(rows)
+        self._start_dispatcher()
+        return await self.wait(batch_size or self.cfg.batch_size, who="prepare_batch")
+
+    async def wait(
+        self, count: int, timeout: float | None = None, *, who: str = "wait"
+    ) -> RolloutResult:
+        """The next `count` finished groups that are fresh enough to train on.
+
+        A group whose oldest token is more than `max_head_offpolicyness` versions behind
+        the current version is dropped (counted as `dropped_stale_groups`), as are groups
+        with all-equal rewards under `dynamic_filtering`; waiting goes on for others.
+        Raises TimeoutError after `timeout` seconds, RuntimeError when no group can come
+        (the data ran out), and re-raises an error of the controller's own tasks."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         start = time.monotonic()
         groups: list[list[RolloutOutcome]] = []
-        while len(groups) < batch_size:
-            getter = asyncio.ensure_future(self._ready.get())
-            await asyncio.wait({getter, self._producer}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                self._producer.result()  # re-raise the producer's exception
-                raise RuntimeError("the dataset ran out before the batch was full")
-            groups.append(getter.result())
-        return RolloutResult([o for g in groups for o in g], time.monotonic() - start)
+        try:
+            while len(groups) < count:
+                if self._ready:
+                    group = self._ready.popleft()
+                    if self._fresh(group):
+                        groups.append(group)
+                    continue
+                self._check_dispatcher()
+                if not (self._jobs or self._admitting or self._in_flight or self._rows):
+                    raise RuntimeError(
+                        f"{who}: {len(groups)} of {count} groups and no more can come: "
+                        + (
+                            "the dataset ran out"
+                            if self._rows_done
+                            else "nothing is submitted or running"
+                        )
+                    )
+                self._waiting = (who, count, count - len(groups))
+                self._admission_changed.set()  # the dispatcher's blocked-warning clock
+                self._group_done.clear()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"{who}: {len(groups)} of {count} groups after {timeout} s; "
+                        f"admission: {self.staleness.explain(self.version())}"
+                    )
+                await _wait_event(self._group_done, remaining)
+        except BaseException:
+            self._ready.extendleft(reversed(groups))  # nothing taken is lost
+            raise
+        finally:
+            self._waiting = None
+        dropped, self._dropped = self._dropped, Counter()
+        left_out, self._left_out = self._left_out, []
+        return RolloutResult(
+            [o for g in groups for o in g],
+            time.monotonic() - start,
+            dropped=dict(dropped),
+            left_out=left_out,
+        )
 
     def notify_version(self) -> None:
         """Call after the policy version advanced: admission capacity may have grown."""
-        self._changed.set()
+        self._admission_changed.set()
 
-    async def _produce(self, rows: Iterator[dict]) -> None:
-        group_size = self.cfg.group_size
-        in_flight: set[asyncio.Task] = set()
-        try:
-            for row in rows:
-                while self.staleness.capacity(self.version()) < group_size:
-                    self._changed.clear()
-                    await self._changed.wait()
-                    _raise_first_failure(in_flight)
-                for _ in range(group_size):
-                    self.staleness.on_start()
-                task = asyncio.create_task(self._group_task(row, group_size))
-                in_flight.add(task)
-                task.add_done_callback(lambda t: self._on_group_done(t, in_flight))
-            await asyncio.gather(*in_flight)
-        finally:
-            for task in in_flight:
-                task.cancel()
-
-    def _on_group_done(self, task: asyncio.Task, in_flight: set[asyncio.Task]) -> None:
-        """Forget finished groups; keep a failed one so the producer re-raises its error."""
-        if task.cancelled() or task.exception() is None:
-            in_flight.discard(task)
-        self._changed.set()
-
-    async def _group_task(self, row: dict, group_size: int) -> None:
-        outcomes = await self.run_group(row, group_size)
-        for o in outcomes:
+    def _fresh(self, group: list[RolloutOutcome]) -> bool:
+        version = self.version()
+        oldest = min(t.oldest_version() for o in group for t in o.trajectories)
+        if version - oldest <= self.cfg.max_head_offpolicyness:
+            return True
+        for o in group:
             if o.trajectories:
+                self.staleness.on_drop_accepted()
+        self._dropped["dropped_stale_groups"] += 1
+        self._left_out += group
+        if "stale" not in self._errors_logged:
+            self._errors_logged.add("stale")
+            log.warning(
+                "Dropped a group whose oldest token is from version %d, %d versions behind "
+                "the trainer (rollout.max_head_offpolicyness=%d); later ones are counted as "
+                "dropped_stale_groups",
+                oldest,
+                version - oldest,
+                self.cfg.max_head_offpolicyness,
+            )
+        self._admission_changed.set()
+        return False
+
+    def _start_dispatcher(self) -> None:
+        self._check_dispatcher()
+        if self._dispatcher is None:
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="rollout-dispatcher")
+            self._dispatcher.add_done_callback(lambda _: self._group_done.set())
+        self._admission_changed.set()
+
+    def _check_dispatcher(self) -> None:
+        """Re-raise what stopped the dispatcher or one of its groups."""
+        if self._failure is not None:
+            raise self._failure
+        if self._dispatcher is not None and self._dispatcher.done():
+            self._dispatcher.result()
+
+    def _next_job(self) -> _Job | None:
+        if self._jobs:
+            return self._jobs.popleft()
+        if self._rows is not None:
+            try:
+                return _Job(next(self._rows), self.cfg.group_size, self.workflow)
+            except StopIteration:
+                self._rows, self._rows_done = None, True
+                self._group_done.set()
+        return None
+
+    async def _dispatch(self) -> None:
+        """Admit waiting groups in order, each once capacity allows all its rollouts."""
+        while True:
+            job = self._next_job()
+            if job is None:
+                self._admission_changed.clear()
+                await self._admission_changed.wait()
+                continue
+            self._admitting = job
+            await self._admit(job)
+            self._admitting = None
+            for _ in range(job.group_size):
+                self.staleness.on_start()
+            task = asyncio.create_task(self._group_task(job))
+            self._in_flight.add(task)
+            task.add_done_callback(self._on_group_done)
+
+    async def _admit(self, job: _Job) -> None:
+        """Return when `job` may start; warn once when a waiting caller is blocked."""
+        blocked_since = None
+        while self.staleness.capacity(self.version()) < job.group_size:
+            timeout = None
+            # Blocked, as far as a caller can tell: it needs more groups than are running.
+            # (Waiting for groups that run is waiting for rollouts, not for admission.)
+            if self._waiting is None or self._waiting[2] <= len(self._in_flight):
+                blocked_since = None
+            else:
+                blocked_since = blocked_since or time.monotonic()
+                blocked = time.monotonic() - blocked_since
+                if blocked < self.cfg.blocked_warning_s:
+                    timeout = self.cfg.blocked_warning_s - blocked
+                elif (limit := self._limiting_term(job)) not in self._warned:
+                    self._warned.add(limit)  # once per term: the numbers are what matter
+                    log.warning(self._blocked_message(job, blocked))
+            self._admission_changed.clear()
+            await _wait_event(self._admission_changed, timeout)
+
+    def _limiting_term(self, job: _Job) -> str:
+        s, version = self.staleness, self.version()
+        staleness = (s.max_head_offpolicyness + version + 1) * s.batch_size - (
+            s.accepted + s.running
+        )
+        return "staleness" if staleness < job.group_size else "concurrency"
+
+    def _blocked_message(self, job: _Job, blocked_s: float) -> str:
+        s, cfg, version = self.staleness, self.cfg, self.version()
+        who, asked, needed = self._waiting
+        concurrency = s.max_concurrent_rollouts - s.running
+        staleness = (s.max_head_offpolicyness + version + 1) * s.batch_size - (
+            s.accepted + s.running
+        )
+        lines = [
+            f"Rollout admission has blocked {who} for {blocked_s:.1f} s: it waits for "
+            f"{needed} more group(s) and {len(self._in_flight)} are running; a group of "
+            f"{job.group_size} rollouts waits to start ({len(self._jobs)} more queued).",
+            "A group starts when min(max_concurrent_rollouts - running, "
+            "(max_head_offpolicyness + version + 1) * batch_size - (accepted + running)) >= "
+            f"group size; here min({s.max_concurrent_rollouts} - {s.running}, "
+            f"({s.max_head_offpolicyness} + {version} + 1) * {s.batch_size} - "
+            f"({s.accepted} + {s.running})) = min({concurrency}, {staleness}) = "
+            f"{min(concurrency, staleness)} < {job.group_size} (batch_size counts rollouts: "
+            f"rollout.batch_size={cfg.batch_size} x group_size={cfg.group_size}).",
+        ]
+        if staleness < job.group_size:
+            lines.append(
+                f"The staleness term is the limit: {s.accepted} rollouts were accepted while "
+                f"the policy version stayed at {version}. Raise "
+                f"rollout.max_head_offpolicyness (now {s.max_head_offpolicyness}) to let "
+                "rollouts run further ahead of the trainer, or make sure each new version "
+                "reaches the engine and the controller (controller.notify_version())."
+            )
+            if asked > (s.max_head_offpolicyness + 1) * cfg.batch_size:
+                lines.append(
+                    f"{who} asked for {asked} groups, more than (max_head_offpolicyness + 1) "
+                    f"x rollout.batch_size = {(s.max_head_offpolicyness + 1) * cfg.batch_size} "
+                    "can start before the version advances: ask for at most "
+                    f"rollout.batch_size={cfg.batch_size}, or raise rollout.batch_size."
+                )
+        if concurrency < job.group_size:
+            lines.append(
+                "The concurrency term is the limit: raise rollout.max_concurrent_rollouts "
+                f"(now {s.max_concurrent_rollouts})."
+            )
+        if s.running == 0:
+            lines.append("Nothing is running, so this will not unblock by itself.")
+        return " ".join(lines)
+
+    def _on_group_done(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+        self._group_done.set()
+        self._admission_changed.set()
+
+    async def _group_task(self, job: _Job) -> None:
+        outcomes = await self.run_group(
+            job.row, job.group_size, job.sampling_overrides, job.workflow
+        )
+        rewards = [o.reward for o in outcomes if o.trajectories]
+        keep = bool(rewards)
+        if keep and self.cfg.dynamic_filtering and len(set(rewards)) == 1:
+            keep = False
+            self._dropped["filtered_groups"] += 1
+        for o in outcomes:
+            if keep and o.trajectories:
                 self.staleness.on_accept()
             else:
                 self.staleness.on_reject()
-        self._changed.set()
-        if any(o.trajectories for o in outcomes):
-            await self._ready.put(outcomes)
+        if keep:
+            self._ready.append(outcomes)
+        else:
+            self._left_out += outcomes
 
     async def close(self) -> None:
-        if self._producer is not None:
-            self._producer.cancel()
-            await asyncio.gather(self._producer, return_exceptions=True)
-            self._producer = None
+        tasks = [t for t in (self._dispatcher, *self._in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._dispatcher = None
+        self._in_flight.clear()
 
 
-def _raise_first_failure(tasks: set[asyncio.Task]) -> None:
-    for task in tasks:
-        if task.done() and not task.cancelled() and task.exception():
-            raise task.exception()
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event` at most `timeout` seconds. Not `asyncio.wait_for`: on Python 3.11
+    it swallows a cancellation that arrives as the event is set, and a cancelled
+    dispatcher would then wait forever."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
 
 
 def check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:

@@ -53,6 +53,11 @@ class StalenessManager:
         self.running -= 1
         self.rejected += 1
 
+    def on_drop_accepted(self) -> None:
+        """An accepted rollout left out of training after all (too stale by then)."""
+        self.accepted -= 1
+        self.rejected += 1
+
     def state_dict(self) -> dict:
         return {"accepted": self.accepted, "rejected": self.rejected}
 

@@ -109,6 +109,13 @@ def build_batch(
     return batch, stats
 
 
+def sample_staleness(batch: TrainBatch, version: int) -> torch.Tensor:
+    """Per sample (N,): `version` minus the oldest policy version among its sampled tokens."""
+    never = torch.iinfo(torch.int64).max
+    oldest = torch.where(batch.loss_mask, batch.versions, never).min(dim=1).values  # (N,)
+    return version - oldest
+
+
 def micro_batch_indices(lengths: torch.Tensor, max_tokens_per_mb: int) -> list[torch.Tensor]:
     """First-fit-decreasing: row indices of each micro-batch, lengths (N,) -> [(n_i,) int64].
 

@@ -7,8 +7,10 @@ the logprob of token t. Only positions where `mask` is True count.
 ratio pi/pi_prox is clipped to [1 - eps_clip, 1 + eps_clip_high]. Given the engine's
 `behavior_logprobs` it is decoupled PPO (Hilton et al., 2022; as in AReaL): the clip is
 taken against the proximal policy (the trainer's weights before this update) and each
-token's loss is multiplied by the behavior weight pi_prox/pi_behav; tokens whose weight
-exceeds `behavior_weight_cap` contribute 0 but still count in the normalizer.
+token's loss is multiplied by the behavior weight pi_prox/pi_behav. A weight above
+`behavior_weight_cap` is masked (its token contributes 0 but still counts in the
+normalizer) or truncated to the cap. At sequence level every token of a sequence gets
+the sequence's weight exp(mean of its tokens' log weights), masked or truncated as one.
 
 Aggregation, and the normalizer that makes micro-batches add up. A token-level loss is
 reduced to a scalar as `sum over the micro-batch's sequences of numerator_i / normalizer`,
@@ -72,6 +74,8 @@ def policy_loss(
     normalizer: float,
     behavior_logprobs: torch.Tensor | None = None,
     behavior_weight_cap: float | None = None,
+    behavior_weight_mode: Literal["mask", "truncate"] = "mask",
+    behavior_weight_level: Literal["token", "sequence"] = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped (decoupled when `behavior_logprobs` is given) PPO loss of one micro-batch.
 
@@ -91,10 +95,18 @@ def policy_loss(
     keep = mask
     stats: dict[str, float] = {}
     if behavior_logprobs is not None:
-        weight = torch.where(mask, proximal_logprobs - behavior_logprobs, 0.0).exp()  # (B, T)
+        weight = behavior_weights(proximal_logprobs, behavior_logprobs, mask, behavior_weight_level)
         if behavior_weight_cap is not None:
-            keep = mask & (weight <= behavior_weight_cap)
-            stats["behavior_capped_frac"] = masked_mean(~keep, mask)
+            over = mask & (weight > behavior_weight_cap)
+            stats["behavior_capped_frac"] = masked_mean(over, mask)
+            if behavior_weight_mode == "mask":
+                keep = mask & ~over
+            elif behavior_weight_mode == "truncate":
+                weight = weight.clamp(max=behavior_weight_cap)
+            else:
+                raise ValueError(
+                    f"train.behavior_weight_mode={behavior_weight_mode!r} is not mask or truncate"
+                )
         token_loss = token_loss * weight
         stats["behavior_weight_mean"] = masked_mean(weight, mask)
     loss = aggregate(torch.where(keep, token_loss, 0.0), mask, agg, normalizer)
@@ -103,6 +115,22 @@ def policy_loss(
         stats["ratio_mean"] = masked_mean(ratio, mask)
         stats["approx_kl"] = masked_mean(kl_penalty(logprobs, proximal_logprobs, "k3"), mask)
     return loss, stats
+
+
+def behavior_weights(
+    proximal_logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: Literal["token", "sequence"],
+) -> torch.Tensor:
+    """pi_prox/pi_behav per token (B, T), or each sequence's geometric mean on its tokens."""
+    log_w = torch.where(mask, proximal_logprobs - behavior_logprobs, 0.0)  # (B, T)
+    if level == "token":
+        return log_w.exp()
+    if level == "sequence":
+        per_seq = log_w.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B,)
+        return torch.where(mask, per_seq[:, None].exp(), 1.0)
+    raise ValueError(f"train.behavior_weight_level={level!r} is not token or sequence")
 
 
 def kl_penalty(

@@ -106,7 +106,7 @@ class Trainer:
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Update the weights on `batch`. Returns stats averaged over optimizer steps, plus
-        the lr used, train tokens/s (forward + backward, over the step's wall time),
+        the lr used, the step's wall time and train tokens/s over it (forward + backward),
         micro-batch and optimizer-step counts, and the new version."""
         start = time.perf_counter()
         self.model.train()
@@ -131,9 +131,11 @@ class Trainer:
         self.version += 1
         counts = {key: sum(s.pop(key) for s in steps) for key in _COUNTS}
         out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+        elapsed = time.perf_counter() - start
         out.update(
             lr=lr,
-            tokens_per_s=counts["num_tokens"] / (time.perf_counter() - start),
+            tokens_per_s=counts["num_tokens"] / elapsed,
+            train_time_s=elapsed,
             num_micro_batches=counts["num_micro_batches"],
             optimizer_steps=float(len(steps)),
             version=float(self.version),
@@ -176,6 +178,8 @@ class Trainer:
                 normalizer=normalizer,
                 behavior_logprobs=mb.behavior_logprobs,
                 behavior_weight_cap=cfg.behavior_weight_cap,
+                behavior_weight_mode=cfg.behavior_weight_mode,
+                behavior_weight_level=cfg.behavior_weight_level,
             )
             with torch.no_grad():
                 stats["entropy"] = float(entropy_from_logits(logits).mean())

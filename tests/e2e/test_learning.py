@@ -42,7 +42,9 @@ def peaked_model_dir(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path):
+@pytest.mark.parametrize("max_head_offpolicyness", [0, 2])
+async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_head_offpolicyness):
+    """Synchronous (0) and asynchronous (2: rollouts run up to two versions ahead)."""
     cfg = load_config(
         None,
         [
@@ -59,6 +61,7 @@ async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path):
             "eval.every_steps=0",
             "eval.size=4",
             "eval.max_new_tokens=8",
+            f"rollout.max_head_offpolicyness={max_head_offpolicyness}",
         ],
     )
     summary = await train(cfg, show_progress=False)
@@ -68,7 +71,11 @@ async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path):
     assert [r["step"] for r in steps] == list(range(1, 11))
     # Every step sampled with the weights of the step before: the engine got them.
     assert [r["version"] for r in steps] == list(range(1, 11))
-    assert all(r["staleness_max"] == 0 for r in steps)
+    staleness = [r["staleness_max"] for r in steps]
+    if max_head_offpolicyness == 0:
+        assert staleness == [0] * 10
+    else:  # ran ahead of the trainer, never past the bound
+        assert max(staleness) <= max_head_offpolicyness and max(staleness) > 0, staleness
     first = sum(r["reward_mean"] for r in steps[:3]) / 3
     last = sum(r["reward_mean"] for r in steps[-3:]) / 3
     rewards = [round(r["reward_mean"], 3) for r in steps]

@@ -285,6 +285,35 @@ async def test_update_weights_mid_generation_tags_tokens(
     assert torch.allclose(logprobs[switch:], tf1[switch:], atol=1e-4)
 
 
+async def test_weight_update_interrupts_every_running_generation(
+    tiny_engine, tiny_model, other_tiny_model, prompts
+):
+    """Three generations in flight when the weights change: each stops at a token
+    boundary, goes on under the new weights, and ends with every token it asked for,
+    once; each token's version and logprob belong to the weights that sampled it."""
+    lengths = [200, 150, 120]
+    running = [
+        asyncio.create_task(
+            tiny_engine.generate(prompt, SamplingParams(max_new_tokens=n, temperature=0))
+        )
+        for prompt, n in zip(prompts, lengths, strict=False)
+    ]
+    await tiny_engine.generate(prompts[3], SamplingParams(max_new_tokens=1, temperature=0))
+    await tiny_engine.update_weights(other_tiny_model.state_dict(), version=1)
+    gens = await asyncio.gather(*running)
+    for gen, n in zip(gens, lengths, strict=True):
+        assert len(gen.output_ids) == n and gen.finish_reason == "length"
+        switch = gen.versions.index(1)
+        assert 1 <= switch < 10 and gen.versions == [0] * switch + [1] * (n - switch)
+        before = teacher_forced_logprobs(tiny_model, gen)
+        after = teacher_forced_logprobs(other_tiny_model, gen)
+        logprobs = torch.tensor(gen.logprobs)
+        assert torch.allclose(logprobs[:switch], before[:switch], atol=1e-4)
+        assert torch.allclose(logprobs[switch:], after[switch:], atol=1e-4)
+        # The two weights disagree on these tokens, so the checks above tell them apart.
+        assert not torch.allclose(after[switch:], before[switch:], atol=1e-2)
+
+
 async def test_pause_holds_decoding_until_resume(tiny_engine, tiny_model, prompts):
     await tiny_engine.pause()
     pending = asyncio.create_task(tiny_engine.generate(prompts[0], SamplingParams(4)))

@@ -24,11 +24,15 @@ def test_defaults_and_dotted_overrides(tmp_path):
         ("sampling.top_p=2", r"sampling\.top_p=2"),
         ("train.algorithm=ppo2", r"train\.algorithm='ppo2'"),
         ("nosuchsection.x=1", r"nosuchsection: unknown field"),
+        ("rollout.group_size=80", r"rollout: group_size=80 > max_concurrent_rollouts=64"),
+        ("rollout.dynamic_filtering=true", r"rollout: dynamic_filtering=true needs group_size"),
+        ("train.behavior_weight_mode=clip", r"train\.behavior_weight_mode='clip'"),
     ],
 )
 def test_bad_values_name_the_field_and_value(override, expected):
+    extra = ["rollout.group_size=1"] if "dynamic" in override else []
     with pytest.raises(ConfigError, match=expected):
-        load_config(None, [override])
+        load_config(None, [override, *extra])
 
 
 def test_malformed_override_and_missing_file(tmp_path):

@@ -83,6 +83,41 @@ def test_uncapped_decoupled_loss_keeps_the_heavy_token():
     assert loss.item() == pytest.approx((-2.53 + 0.8 + 20) / 5, abs=1e-5)
 
 
+def test_truncated_behavior_weight_lowers_the_heavy_token_to_the_cap():
+    # seq 1 token 1: 2.0 x min(10, 5) = 10 instead of being left out: (-2.53 + 0.8 + 10) / 5
+    loss, stats = _loss(
+        "token_mean", behavior=BEHAVIOR, behavior_weight_cap=5.0, behavior_weight_mode="truncate"
+    )
+    assert loss.item() == pytest.approx((-2.53 + 0.8 + 10) / 5, abs=1e-5)
+    assert stats["behavior_capped_frac"] == pytest.approx(1 / 5)
+    assert stats["behavior_weight_mean"] == pytest.approx((1 + 2 + 0.25 + 1 + 5) / 5)
+
+
+# Sequence level: seq 0's weight is the geometric mean (1 x 2 x 0.25)^(1/3) = 2^(-1/3), seq 1's
+# (1 x 10)^(1/2) = sqrt(10) ~ 3.16, each on all its tokens. Unweighted sums: -2.78 and 2.8.
+SEQ0, SEQ1 = 2 ** (-1 / 3), math.sqrt(10)
+
+
+@pytest.mark.parametrize(
+    ("cap", "mode", "expected", "capped"),
+    [
+        (5.0, "mask", (-2.78 * SEQ0 + 2.8 * SEQ1) / 5, 0.0),  # both under the cap
+        (3.0, "mask", (-2.78 * SEQ0) / 5, 2 / 5),  # all of seq 1 left out
+        (3.0, "truncate", (-2.78 * SEQ0 + 2.8 * 3.0) / 5, 2 / 5),  # seq 1 weighted 3
+    ],
+)
+def test_sequence_level_behavior_weight(cap, mode, expected, capped):
+    loss, stats = _loss(
+        "token_mean",
+        behavior=BEHAVIOR,
+        behavior_weight_cap=cap,
+        behavior_weight_mode=mode,
+        behavior_weight_level="sequence",
+    )
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+    assert stats["behavior_capped_frac"] == pytest.approx(capped)
+
+
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batch_losses_sum_to_the_batch_loss(agg):
     whole, _ = _loss(agg, behavior=BEHAVIOR, behavior_weight_cap=5.0)
