@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/looprl train
+	$(BIN)/looprl train recover.mode=off
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -88,10 +88,19 @@ def train(
     if dry_run:
         print(cfg.to_yaml())
         return
+    from looprl.checkpoint import RecoverError
+    from looprl.loop import Stopped
     from looprl.loop import train as run_training
 
     _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
-    summary = asyncio.run(run_training(cfg))
+    try:
+        summary = asyncio.run(run_training(cfg))
+    except RecoverError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    except Stopped as e:
+        console.print(str(e))
+        raise typer.Exit(128 + e.signum) from None
     print(summary.line())
 
 

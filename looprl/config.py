@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -137,6 +137,12 @@ class RolloutConfig(Section):
     timeout_s: float = Field(
         300.0, gt=0, description="A rollout running longer is cancelled and counted as timed out."
     )
+    seeded: bool = Field(
+        False,
+        description="Give every rollout its own sampling seed, from run.seed and its "
+        "admission order, so a resumed synchronous run samples what an uninterrupted one "
+        "would (the engine then samples row by row).",
+    )
     dynamic_filtering: bool = Field(
         False,
         description="DAPO dynamic sampling: leave out groups whose rewards are all equal "
@@ -241,6 +247,35 @@ class RunConfig(Section):
         return self
 
 
+class CheckpointConfig(Section):
+    save_every_steps: int = Field(
+        0, ge=0, description="Save a recover checkpoint every N steps (0: only by time)."
+    )
+    save_every_secs: float = Field(
+        600.0, ge=0, description="Save when this long has passed since the last save (0: off)."
+    )
+    keep_last: int = Field(2, ge=1, description="Valid checkpoints kept; older ones pruned.")
+
+
+class RecoverConfig(Section):
+    mode: Literal["auto", "off", "require"] = Field(
+        "auto",
+        description="auto: resume from the newest valid checkpoint of this experiment and "
+        "trial if there is one; off: start fresh; require: fail if there is none.",
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_is_not_false(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
+    allow_changes: list[str] = Field(
+        default_factory=list,
+        description="Config fields (e.g. rollout.batch_size) allowed to differ from the "
+        "checkpoint's although they change what resuming means.",
+    )
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -252,6 +287,8 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    recover: RecoverConfig = Field(default_factory=RecoverConfig)
 
     @property
     def run_dir(self) -> Path:

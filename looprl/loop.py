@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from looprl import checkpoint as checkpoint_io
 from looprl.collect import workflow_for
 from looprl.config import Config
 from looprl.metrics import Metrics
@@ -52,6 +54,7 @@ class TrainSummary:
 async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
     run_dir = cfg.run_dir
+    checkpoint = resume_point(cfg)  # before anything is written into the run dir
     cfg.save(run_dir)
     torch.manual_seed(cfg.run.seed)
     task = load_task(cfg.task)
@@ -70,13 +73,25 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     trainer = Trainer(
         policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
     )
+    rows = DataStream(task.train, cfg.run.seed)
+    first_step = 1
+    if checkpoint is not None:
+        trainer.load_state_dict(checkpoint.trainer)
+        first_step = checkpoint.step + 1
     async with launch_local(cfg, workflow_for(cfg, task), model=policy) as parts:
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
-        with Metrics(run_dir, cfg.train.total_steps, show_progress=show_progress) as metrics:
-            metrics.status("evaluating the initial policy")
-            before = await evaluate(controller, task.eval, cfg, metrics, step=0)
-            rows = _endless(task.train, cfg.run.seed)
-            for step in range(1, cfg.train.total_steps + 1):
+        with (
+            Metrics(run_dir, cfg.train.total_steps, show_progress=show_progress) as metrics,
+            GracefulStop() as stop,
+        ):
+            if checkpoint is None:
+                metrics.status("evaluating the initial policy")
+                before = await evaluate(controller, task.eval, cfg, metrics, step=0)
+            else:
+                await engine.update_weights(trainer.state_dict_for_engine(), trainer.version)
+                before = restore(checkpoint, controller, rows, metrics)
+            saver = Saver(cfg, trainer, controller, rows, metrics)
+            for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
                 rollout = await controller.prepare_batch(rows)
@@ -100,6 +115,10 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                         "step_time_s": time.monotonic() - step_start,
                     },
                 )
+                if stop.signal is not None or saver.due(step):
+                    saver.save(step)
+                if stop.signal is not None:
+                    raise Stopped(stop.signal, step, run_dir)
                 if (
                     cfg.eval.every_steps
                     and step % cfg.eval.every_steps == 0
@@ -107,6 +126,8 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 ):
                     metrics.status("evaluating")
                     await evaluate(controller, task.eval, cfg, metrics, step=step)
+            if first_step <= cfg.train.total_steps:
+                saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
             after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
             plot = metrics.plot()
@@ -115,6 +136,159 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     return TrainSummary(
         before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, run_dir, model_dir
     )
+
+
+def resume_point(cfg: Config) -> checkpoint_io.Checkpoint | None:
+    """The checkpoint to resume from under `recover.mode`, its config checked, or None."""
+    found = None if cfg.recover.mode == "off" else checkpoint_io.load_latest(cfg.run_dir)
+    if found is None:
+        why = checkpoint_io.describe_missing(cfg.run_dir)
+        if cfg.recover.mode == "require":
+            raise checkpoint_io.RecoverError(f"recover.mode=require: {why}")
+        log.info("Starting a new run (recover.mode=%s): %s", cfg.recover.mode, why)
+        checkpoint_io.set_aside(cfg.run_dir)  # old or damaged ones never mix with the new
+        return None
+    checkpoint_io.check_config(found, cfg.model_dump(mode="json"), cfg.recover.allow_changes)
+    if found.step >= cfg.train.total_steps:
+        log.warning(
+            "This trial already ran its %d steps (%s): only the final evaluation runs. Raise "
+            "train.total_steps to go on, or use another run.trial_name or recover.mode=off "
+            "to train again",
+            found.step,
+            found.path,
+        )
+    return found
+
+
+def restore(checkpoint, controller: RolloutController, rows: DataStream, metrics: Metrics) -> float:
+    """Put the loop's state back as it was when `checkpoint` was saved; returns the
+    held-out accuracy before training, from the restored metrics."""
+    state = checkpoint.state
+    controller.load_state_dict(state["controller"])
+    rows.seek(state["data_position"])
+    metrics.load_state_dict(state["metrics"])
+    checkpoint_io.set_rng_state(state["rng"])
+    log.info(
+        "Resumed from %s: step %d, policy version %d, data position %d (epoch %d, row %d)",
+        checkpoint.path,
+        checkpoint.step,
+        checkpoint.trainer["version"],
+        rows.position,
+        rows.epoch,
+        rows.index,
+    )
+    evals = [r for r in metrics.records if r["kind"] == "eval" and r["step"] == 0]
+    return evals[0].get("accuracy", 0.0) if evals else 0.0
+
+
+class Saver:
+    """When to save (every `save_every_steps`, every `save_every_secs`, after step 2) and
+    what: the trainer's state and the loop's."""
+
+    def __init__(self, cfg: Config, trainer: Trainer, controller, rows, metrics: Metrics):
+        self.cfg, self.trainer, self.controller = cfg, trainer, controller
+        self.rows, self.metrics = rows, metrics
+        self.last = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.checkpoint
+        return (
+            step == 2
+            or (every.save_every_steps > 0 and step % every.save_every_steps == 0)
+            or (every.save_every_secs > 0 and time.monotonic() - self.last >= every.save_every_secs)
+        )
+
+    def save(self, step: int) -> None:
+        position = self.controller.earliest_untrained_position()
+        state = {
+            "step": step,
+            "data_position": self.rows.position if position is None else position,
+            "controller": self.controller.state_dict(),
+            "metrics": self.metrics.state_dict(),
+            "rng": checkpoint_io.rng_state(),
+        }
+        path = checkpoint_io.save(
+            self.cfg.run_dir,
+            step,
+            self.trainer.state_dict(),
+            state,
+            self.cfg.model_dump(mode="json"),
+            self.cfg.checkpoint.keep_last,
+        )
+        self.last = time.monotonic()
+        log.info("Saved recover checkpoint for step %d to %s", step, path)
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        self.signum = signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint is in "
+            f"{run_dir}/checkpoints and the same command resumes from it"
+        )
+
+
+class GracefulStop:
+    """SIGTERM/SIGINT: finish the step, save, stop. A second one stops at once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __enter__(self) -> GracefulStop:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.signal is None:
+            self.signal = signum
+            log.warning(
+                "Received %s: stopping after this step with a checkpoint (send it again to "
+                "stop at once, without one)",
+                name,
+            )
+        else:
+            log.warning("Received %s again: stopping now", name)
+            self._task.cancel()
+
+
+class DataStream:
+    """Shuffled passes over `rows`, forever. `position` counts the rows drawn; `seek`
+    goes back to one, so a resumed run draws what the interrupted one would have."""
+
+    def __init__(self, rows: list[dict], seed: int):
+        if not rows:
+            raise ValueError("the training split has no rows")
+        self.rows, self.seed = rows, seed
+        self.seek(0)
+
+    @property
+    def position(self) -> int:
+        return self.epoch * len(self.rows) + self.index
+
+    def seek(self, position: int) -> None:
+        self.epoch, self.index = divmod(position, len(self.rows))
+        self._order = list(range(len(self.rows)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
+
+    def __iter__(self) -> Iterator[dict]:
+        return self
+
+    def __next__(self) -> dict:
+        if self.index == len(self.rows):
+            self.seek(self.position)
+        row = self.rows[self._order[self.index]]
+        self.index += 1
+        return row
 
 
 async def train_step(trainer: Trainer, batch, engine, cfg: Config) -> dict[str, float]:
@@ -159,12 +333,3 @@ def save_policy(model: torch.nn.Module, tokenizer, out: Path) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
-
-
-def _endless(rows: list[dict], seed: int) -> Iterator[dict]:
-    """Shuffled passes over the training rows, forever (one epoch after another)."""
-    rng = random.Random(seed)
-    while True:
-        order = list(rows)
-        rng.shuffle(order)
-        yield from order

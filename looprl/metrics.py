@@ -38,6 +38,7 @@ class Metrics:
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")  # a new run; a resumed one writes its records back
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
         self.console = console or Console(stderr=True, log_path=False)
@@ -115,7 +116,12 @@ class Metrics:
         return {"records": self.records}
 
     def load_state_dict(self, state: dict) -> None:
+        """Back to the checkpoint's records; steps logged after it are dropped (they run
+        again)."""
         self.records = list(state["records"])
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        steps = [r["step"] for r in self.records if r["kind"] == "train"]
+        self._progress.update(self._task, completed=max(steps, default=0))
 
 
 def _pct(value: Any) -> str:

@@ -164,6 +164,9 @@ class _Job:
     group_size: int
     workflow: Workflow
     sampling_overrides: dict[str, Any] | None = None
+    index: int = 0  # admission order: batches list groups in it
+    seeds: list[int] | None = None  # one sampling seed per rollout (rollout.seeded)
+    position: int | None = None  # the data stream's position before this row was drawn
 
 
 class RolloutController:
@@ -177,6 +180,7 @@ class RolloutController:
         version: Callable[[], int] = lambda: 0,
         decode: Callable[[list[int]], str] | None = None,
         sampling_overrides: dict[str, Any] | None = None,
+        seed: int = 0,
     ):
         self.host = host
         self.sampling_overrides = dict(sampling_overrides or {})
@@ -195,15 +199,18 @@ class RolloutController:
         self._rows: Iterator[dict] | None = None  # prepare_batch's data, after the jobs
         self._rows_done = False
         self._admitting: _Job | None = None  # the job the dispatcher holds
-        self._in_flight: set[asyncio.Task] = set()
+        self._in_flight: dict[asyncio.Task, _Job] = {}
         self._failure: BaseException | None = None
         self._dispatcher: asyncio.Task | None = None
-        self._ready: deque[list[RolloutOutcome]] = deque()
+        self._ready: deque[tuple[_Job, list[RolloutOutcome]]] = deque()  # finished groups
         self._admission_changed = asyncio.Event()  # capacity, jobs or waiters changed
         self._group_done = asyncio.Event()  # a group finished, or the dispatcher stopped
         self._waiting: tuple[str, int, int] | None = None  # (who, groups asked, still needed)
         self._dropped: Counter[str] = Counter()
         self._left_out: list[RolloutOutcome] = []
+        self._groups_admitted = 0
+        self._rollouts_seeded = 0
+        self._seed = seed
         self._warned: set[str] = set()  # admission terms a blocked warning named
 
     # ---- one rollout -------------------------------------------------------------
@@ -284,14 +291,15 @@ class RolloutController:
         group_size: int,
         sampling_overrides: dict[str, Any] | None = None,
         workflow: Workflow | None = None,
+        seeds: list[int] | None = None,
     ) -> list[RolloutOutcome]:
         group_id = uuid.uuid4().hex[:12]
+        overrides = [dict(sampling_overrides or {}) for _ in range(group_size)]
+        for i, seed in enumerate(seeds or []):
+            overrides[i]["seed"] = seed
         return list(
             await asyncio.gather(
-                *(
-                    self.run_one(row, group_id, sampling_overrides, workflow)
-                    for _ in range(group_size)
-                )
+                *(self.run_one(row, group_id, overrides[i], workflow) for i in range(group_size))
             )
         )
 
@@ -385,13 +393,13 @@ class RolloutController:
         (the data ran out), and re-raises an error of the controller's own tasks."""
         deadline = None if timeout is None else time.monotonic() + timeout
         start = time.monotonic()
-        groups: list[list[RolloutOutcome]] = []
+        groups: list[tuple[_Job, list[RolloutOutcome]]] = []
         try:
             while len(groups) < count:
                 if self._ready:
-                    group = self._ready.popleft()
+                    job, group = self._ready.popleft()
                     if self._fresh(group):
-                        groups.append(group)
+                        groups.append((job, group))
                     continue
                 self._check_dispatcher()
                 if not (self._jobs or self._admitting or self._in_flight or self._rows):
@@ -420,8 +428,9 @@ class RolloutController:
             self._waiting = None
         dropped, self._dropped = self._dropped, Counter()
         left_out, self._left_out = self._left_out, []
+        groups.sort(key=lambda g: g[0].index)  # admission order: the same batch however they finish
         return RolloutResult(
-            [o for g in groups for o in g],
+            [o for _, g in groups for o in g],
             time.monotonic() - start,
             dropped=dict(dropped),
             left_out=left_out,
@@ -472,8 +481,9 @@ class RolloutController:
         if self._jobs:
             return self._jobs.popleft()
         if self._rows is not None:
+            position = getattr(self._rows, "position", None)
             try:
-                return _Job(next(self._rows), self.cfg.group_size, self.workflow)
+                return _Job(next(self._rows), self.cfg.group_size, self.workflow, position=position)
             except StopIteration:
                 self._rows, self._rows_done = None, True
                 self._group_done.set()
@@ -490,10 +500,13 @@ class RolloutController:
             self._admitting = job
             await self._admit(job)
             self._admitting = None
+            job.index, self._groups_admitted = self._groups_admitted, self._groups_admitted + 1
+            if self.cfg.seeded:
+                job.seeds = [self._next_seed() for _ in range(job.group_size)]
             for _ in range(job.group_size):
                 self.staleness.on_start()
             task = asyncio.create_task(self._group_task(job))
-            self._in_flight.add(task)
+            self._in_flight[task] = job
             task.add_done_callback(self._on_group_done)
 
     async def _admit(self, job: _Job) -> None:
@@ -567,7 +580,7 @@ class RolloutController:
         return " ".join(lines)
 
     def _on_group_done(self, task: asyncio.Task) -> None:
-        self._in_flight.discard(task)
+        self._in_flight.pop(task, None)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
         self._group_done.set()
@@ -575,7 +588,7 @@ class RolloutController:
 
     async def _group_task(self, job: _Job) -> None:
         outcomes = await self.run_group(
-            job.row, job.group_size, job.sampling_overrides, job.workflow
+            job.row, job.group_size, job.sampling_overrides, job.workflow, job.seeds
         )
         rewards = [o.reward for o in outcomes if o.trajectories]
         keep = bool(rewards)
@@ -588,9 +601,33 @@ class RolloutController:
             else:
                 self.staleness.on_reject()
         if keep:
-            self._ready.append(outcomes)
+            self._ready.append((job, outcomes))
         else:
             self._left_out += outcomes
+
+    def _next_seed(self) -> int:
+        self._rollouts_seeded += 1
+        return (self._seed * 1_000_003 + self._rollouts_seeded) % 2**62
+
+    def earliest_untrained_position(self) -> int | None:
+        """The data position of the first row drawn but not yet returned by `wait`: a
+        resumed run starts drawing there (its rollouts in flight are not saved)."""
+        jobs = [*self._jobs, self._admitting, *self._in_flight.values()]
+        jobs += [job for job, _ in self._ready]
+        positions = [j.position for j in jobs if j is not None and j.position is not None]
+        return min(positions) if positions else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "staleness": self.staleness.state_dict(),
+            "groups_admitted": self._groups_admitted,
+            "rollouts_seeded": self._rollouts_seeded,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.staleness.load_state_dict(state["staleness"])
+        self._groups_admitted = state["groups_admitted"]
+        self._rollouts_seeded = state["rollouts_seeded"]
 
     async def close(self) -> None:
         tasks = [t for t in (self._dispatcher, *self._in_flight) if t is not None]

@@ -72,6 +72,7 @@ async def launch_local(
         model_name=cfg.model.name,
         version=lambda: engine.version,
         decode=tokenizer.decode,
+        seed=cfg.run.seed,
         # The trainer recomputes logprobs at this temperature, so agents may not change it.
         sampling_overrides={"temperature": cfg.sampling.temperature},
     )

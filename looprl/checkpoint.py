@@ -1,0 +1,261 @@
+"""Recover checkpoints: written atomically, verified by checksums, refused with reasons.
+
+Owns the layout under `<run_dir>/checkpoints/`:
+
+    step_000012/   trainer.pt (model, optimizer, scheduler, version), state.pkl (step,
+                   data position, controller, metrics, RNG), config.yaml, MANIFEST.json
+    latest         the name of the newest checkpoint, replaced last
+
+A checkpoint is written into a temporary folder, every file fsynced, MANIFEST.json (size
+and sha256 of every other file) written last, the folder renamed into place and the
+parent fsynced, then `latest` replaced the same way. Older checkpoints are pruned to
+`keep_last` only after the new one is in place. Loading walks checkpoints newest first
+and skips, with a warning, any whose files do not match their manifest (a kill during
+a write leaves only a `.tmp-*` folder, which is never read). Knows nothing of training:
+the loop hands it a state and gets one back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+# Changing one of these makes the saved state mean something else: refused unless named
+# in recover.allow_changes. A prefix ending in "." covers its whole section.
+BREAKING = (
+    "model.",
+    "task.",
+    "rollout.batch_size",
+    "rollout.group_size",
+    "train.algorithm",
+    "run.seed",
+)
+
+
+class RecoverError(RuntimeError):
+    """Resuming is not possible or not allowed; the message says why and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    trainer: dict[str, Any]
+    state: dict[str, Any]
+    config: dict[str, Any]
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Write checkpoint `step` atomically, point `latest` at it, prune old ones."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:06d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(trainer_state, tmp / "trainer.pt")
+    (tmp / "state.pkl").write_bytes(pickle.dumps(state))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        _fsync_file(path)
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"step": step, "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync_file(tmp / MANIFEST)
+    _fsync_dir(tmp)
+    final = root / name
+    if final.exists():  # the same step saved again (e.g. on stop right after a save)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _fsync_dir(root)
+    latest_tmp = root / f".latest-{os.getpid()}"
+    latest_tmp.write_text(name)
+    _fsync_file(latest_tmp)
+    latest_tmp.rename(root / "latest")
+    _fsync_dir(root)
+    _prune(root, keep_last)
+    return final
+
+
+def load_latest(run_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint whose files match its manifest; None when there is none."""
+    for path in _candidates(checkpoints_dir(run_dir)):
+        problem = verify(path)
+        if problem:
+            log.warning("Skipping checkpoint %s: %s; trying the previous one", path, problem)
+            continue
+        state = pickle.loads((path / "state.pkl").read_bytes())
+        return Checkpoint(
+            path=path,
+            step=json.loads((path / MANIFEST).read_text())["step"],
+            trainer=torch.load(path / "trainer.pt", weights_only=False),
+            state=state,
+            config=yaml.safe_load((path / "config.yaml").read_text()),
+        )
+    return None
+
+
+def verify(path: Path) -> str | None:
+    """None when every file of the checkpoint matches its manifest, else what is wrong."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return f"no {MANIFEST} (the write did not finish)"
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST}: {e}"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated)"
+        if _sha256(file) != expected["sha256"]:
+            return f"{name} does not match its sha256 (corrupted)"
+    return None
+
+
+def config_changes(
+    old: dict[str, Any], new: dict[str, Any], allow: list[str]
+) -> tuple[list[str], list[str]]:
+    """(refused, accepted) changes between a checkpoint's config and this run's, each as
+    `field: old -> new`. Breaking fields named in `allow` are accepted."""
+    before, after = _flatten(old), _flatten(new)
+    refused, accepted = [], []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) == after.get(key):
+            continue
+        line = f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
+        breaking = any(key == p or (p.endswith(".") and key.startswith(p)) for p in BREAKING)
+        if breaking and key not in allow:
+            refused.append(line)
+        else:
+            accepted.append(line)
+    return refused, accepted
+
+
+def check_config(checkpoint: Checkpoint, config: dict[str, Any], allow: list[str]) -> None:
+    """Refuse to resume across a breaking change (RecoverError names every one); log the
+    accepted ones."""
+    refused, accepted = config_changes(checkpoint.config, config, allow)
+    if refused:
+        fields = [line.split(":", 1)[0] for line in refused]
+        raise RecoverError(
+            f"Cannot resume from {checkpoint.path}: the config changed in ways that change "
+            "what the saved state means:\n"
+            + "\n".join(f"  {line}" for line in refused)
+            + "\nRestore these values, start a new trial (run.trial_name=...), set "
+            "recover.mode=off to start over here, or force it with "
+            f"recover.allow_changes=[{','.join(fields)}]"
+        )
+    if accepted:
+        log.info("Resuming with config changes: %s", "; ".join(accepted))
+
+
+def describe_missing(run_dir: Path) -> str:
+    """Why there is nothing to resume here, naming sibling trials that have checkpoints."""
+    run_dir = Path(run_dir)
+    others = sorted(
+        str(p.parent)
+        for p in run_dir.parent.parent.glob("*/*/checkpoints")
+        if p.parent != run_dir and any(_candidates(p))
+    )
+    hint = f"; checkpoints exist under {', '.join(others)}" if others else ""
+    return f"no checkpoint under {checkpoints_dir(run_dir)}{hint}"
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Before a new run in a folder that has checkpoints: move them to
+    `checkpoints.replaced-<time>` (kept, never read again) and return where."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    aside = root.with_name(f"checkpoints.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    root.rename(aside)
+    log.warning("Moved the checkpoints of an earlier run in %s to %s", run_dir, aside)
+    return aside
+
+
+def _candidates(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    valid = [p for p in _candidates(root) if verify(p) is None]
+    for old in valid[keep_last:]:
+        shutil.rmtree(old, ignore_errors=True)
+    # Invalid ones older than the newest valid one can never be chosen again.
+    newest = valid[0] if valid else None
+    for path in _candidates(root):
+        if newest is not None and path < newest and path not in valid:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
