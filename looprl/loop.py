@@ -145,7 +145,7 @@ def resume_point(cfg: Config) -> checkpoint_io.Checkpoint | None:
         why = checkpoint_io.describe_missing(cfg.run_dir)
         if cfg.recover.mode == "require":
             raise checkpoint_io.RecoverError(f"recover.mode=require: {why}")
-        log.info("Starting a new run (recover.mode=%s): %s", cfg.recover.mode, why)
+        log.info("Starting a new run: %s", "recover.mode=off" if cfg.recover.mode == "off" else why)
         checkpoint_io.set_aside(cfg.run_dir)  # old or damaged ones never mix with the new
         return None
     checkpoint_io.check_config(found, cfg.model_dump(mode="json"), cfg.recover.allow_changes)

@@ -41,8 +41,9 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, caplog, 
         target.write_bytes(data[: len(data) // 2])
     elif damage == "flip":
         target.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
-    else:  # killed before the manifest was written
+    else:  # killed before the manifest was written (a real kill leaves a .tmp-* folder)
         (newest / ck.MANIFEST).unlink()
+        (newest.parent / ".tmp-step_000003-1").mkdir()
     with caplog.at_level(logging.WARNING, logger="looprl.checkpoint"):
         found = ck.load_latest(cfg.run_dir)
     assert found.step == 1
@@ -50,6 +51,8 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, caplog, 
     assert expected[damage] in caplog.text and "step_000002" in caplog.text
     # Nothing was deleted: the damaged one stays until a newer valid one replaces it.
     assert newest.is_dir()
+    _save(cfg.run_dir, 3, cfg)
+    assert [p.name for p in newest.parent.iterdir() if p.name.startswith(".tmp")] == []
 
 
 def test_batch_and_group_size_changes_are_refused_with_every_field(tmp_path):
