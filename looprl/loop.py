@@ -126,7 +126,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 ):
                     metrics.status("evaluating")
                     await evaluate(controller, task.eval, cfg, metrics, step=step)
-            if first_step <= cfg.train.total_steps:
+            if saver.last_step < cfg.train.total_steps:
                 saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
             after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
@@ -189,6 +189,7 @@ class Saver:
         self.cfg, self.trainer, self.controller = cfg, trainer, controller
         self.rows, self.metrics = rows, metrics
         self.last = time.monotonic()
+        self.last_step = len([r for r in metrics.records if r["kind"] == "train"])
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint
@@ -215,7 +216,7 @@ class Saver:
             self.cfg.model_dump(mode="json"),
             self.cfg.checkpoint.keep_last,
         )
-        self.last = time.monotonic()
+        self.last, self.last_step = time.monotonic(), step
         log.info("Saved recover checkpoint for step %d to %s", step, path)
 
 

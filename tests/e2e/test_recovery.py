@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from looprl import checkpoint as checkpoint_io
 
-STEPS = 6
+STEPS = 8
 
 
 def _command(model_dir: Path, root: Path, trial: str) -> list[str]:
@@ -58,6 +58,21 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in records if r["kind"] == "train"]
 
 
+def _wait_for_log(log_file: Path, offset: int, text: str, proc: subprocess.Popen) -> bool:
+    """Wait until `text` appears in `log_file` after byte `offset`; False if `proc` ended."""
+    deadline = time.monotonic() + 120
+    while True:
+        if log_file.exists():
+            with log_file.open("rb") as f:
+                f.seek(offset)
+                if text.encode() in f.read():
+                    return True
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, f"no {text!r} in {log_file} after 120 s"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
     cwd = Path(__file__).resolve().parents[2]
@@ -67,10 +82,16 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     reference = _weights(tmp_path / "default" / "whole")
 
+    # Each kill lands at a random moment after a random event of the attempt: its start
+    # (model loading, evaluation), or the save of a step still ahead of the newest
+    # checkpoint (the next step, or the next save, in progress). Events stop 2 steps
+    # before the end, so every attempt is killed while it still has work left.
     run_dir = tmp_path / "default" / "killed"
+    log_file = run_dir / "train.log"
     rng = random.Random(0)
     kills, saved_step, log = 0, 0, b""
     while True:
+        offset = log_file.stat().st_size if log_file.exists() else 0
         proc = subprocess.Popen(
             _command(tiny_model_dir, tmp_path, "killed"),
             cwd=cwd,
@@ -78,8 +99,11 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
             stderr=subprocess.STDOUT,
         )
         if kills < 10:
-            time.sleep(rng.uniform(3.0, 9.0))
-        if kills < 10 and proc.poll() is None:
+            ahead = list(range(saved_step + 1, STEPS - 1))
+            event = rng.choice(["Training "] + [f"checkpoint for step {k} to" for k in ahead])
+            assert _wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
+            time.sleep(rng.uniform(0.0, 0.6))
+            assert proc.poll() is None, "the attempt finished before its kill"
             proc.send_signal(signal.SIGKILL)
             kills += 1
         out, _ = proc.communicate(timeout=300)
