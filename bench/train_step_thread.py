@@ -1,7 +1,7 @@
 """`Trainer.train_step` on the event loop's thread vs in a worker thread.
 
 Claim measured: running `train_step` in a worker thread, as the training loop does
-(`looprl/loop.py`) so that the event loop stays live, costs nothing by itself; Python
+(`looprl/loop.py`) so that the event loop stays live, costs little by itself; Python
 running on the loop meanwhile slows it through the GIL. The same step on
 SmolLM2-135M-Instruct (bf16 autocast, 32 sequences of 38 prompt + 48 completion
 tokens, `bench/trl_train_throughput.py`'s batch), alternating (1) inline, (2)
@@ -20,33 +20,10 @@ import statistics
 import time
 
 import torch
-from trl_train_throughput import GROUP, make_batch
+from trl_train_throughput import looprl_trainer_and_batch, make_batch
 
 from looprl.config import TrainConfig
-from looprl.models import default_model_dir, load_model
-from looprl.training.batch import TrainBatch
-from looprl.training.trainer import Trainer
-
-
-def build(model_dir) -> tuple[Trainer, TrainBatch]:
-    data = make_batch(model_dir)
-    ids = torch.cat([data["prompt_ids"], data["completion_ids"]], 1)
-    loss_mask = torch.zeros(ids.shape, dtype=torch.bool)
-    loss_mask[:, data["prompt_ids"].shape[1] :] = True
-    n = ids.shape[0]
-    batch = TrainBatch(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        loss_mask=loss_mask,
-        behavior_logprobs=torch.zeros(ids.shape),
-        versions=torch.zeros_like(ids),
-        advantages=data["advantages"],
-        rewards=torch.zeros(n),
-        group_index=torch.arange(n) // GROUP,
-    )
-    trainer = Trainer(load_model(model_dir), TrainConfig(lr=1e-6))
-    batch.behavior_logprobs = trainer.compute_logprobs(batch) * loss_mask
-    return trainer, batch
+from looprl.models import default_model_dir
 
 
 async def python_load(stop: asyncio.Event) -> None:
@@ -58,7 +35,10 @@ async def python_load(stop: asyncio.Event) -> None:
 
 
 async def main(rounds: int) -> None:
-    trainer, batch = build(default_model_dir())
+    model_dir = default_model_dir()
+    trainer, batch = looprl_trainer_and_batch(
+        make_batch(model_dir), model_dir, TrainConfig(lr=1e-6)
+    )
     trainer.train_step(batch)  # warm-up
     times: dict[str, list[float]] = {"inline": [], "worker thread": [], "worker + loop busy": []}
     for r in range(rounds):

@@ -85,8 +85,9 @@ def best_of(step, repeats: int) -> float:
     return min(times)
 
 
-def time_looprl(data: dict, model_dir: Path, bf16: bool, repeats: int) -> float:
-    from looprl.config import TrainConfig
+def looprl_trainer_and_batch(data: dict, model_dir: Path, train_cfg):
+    """looprl's Trainer and `data` as its TrainBatch, behavior logprobs as an engine would
+    give them (those of the initial weights). Also used by bench/train_step_thread.py."""
     from looprl.models import load_model
     from looprl.training.batch import TrainBatch
     from looprl.training.trainer import Trainer
@@ -105,9 +106,16 @@ def time_looprl(data: dict, model_dir: Path, bf16: bool, repeats: int) -> float:
         rewards=torch.zeros(n),
         group_index=torch.arange(n) // GROUP,
     )
-    trainer = Trainer(load_model(model_dir), TrainConfig(lr=LR, autocast_bf16=bf16))
-    # Behavior logprobs as an engine would give them: those of the initial weights.
+    trainer = Trainer(load_model(model_dir), train_cfg)
     batch.behavior_logprobs = trainer.compute_logprobs(batch) * loss_mask
+    return trainer, batch
+
+
+def time_looprl(data: dict, model_dir: Path, bf16: bool, repeats: int) -> float:
+    from looprl.config import TrainConfig
+
+    cfg = TrainConfig(lr=LR, autocast_bf16=bf16)
+    trainer, batch = looprl_trainer_and_batch(data, model_dir, cfg)
     return best_of(lambda: trainer.train_step(batch), repeats)
 
 

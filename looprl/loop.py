@@ -298,9 +298,9 @@ async def train_step(trainer: Trainer, batch, engine, cfg: Config) -> dict[str, 
     The engine pauses at a token boundary while the trainer holds the cores, and the step
     runs in a worker thread so that the event loop stays live: workflows, the gateway and
     every timeout go on meanwhile (with the step on the loop's thread, a client's 5 s
-    connect timeout fired on a healthy request). The thread itself costs nothing
-    (`bench/train_step_thread.py`: 15.18 vs 15.16 s a step); Python running on the loop
-    at the same time, e.g. the rollouts of asynchronous RL, slows the step ~1.25x (GIL).
+    connect timeout fired on a healthy request). The thread's own cost is within the
+    machine's noise (`bench/train_step_thread.py`: medians 0.95-1.17x of inline); Python
+    running on the loop meanwhile, e.g. asynchronous RL's rollouts, costs ~1.25x (GIL).
     """
     await engine.pause()
     try:

@@ -74,18 +74,17 @@ async def test_slow_and_fast_workflows_never_train_on_stale_data(tiny_model_dir)
     assert 2 < workflow.peak <= 6  # overlapped, never past max_concurrent_rollouts
 
 
+# Synchronous, 2 groups of 2 per version, warning after 0.3 s of blocked admission.
+BLOCKS_FAST = ("rollout.group_size=2", "rollout.batch_size=2", "rollout.blocked_warning_s=0.3")
+
+
 def _blocked_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "Rollout admission" in r.getMessage()]
 
 
 async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
     """The classic trap: asking for the next batch before the version advanced."""
-    cfg = _config(
-        tiny_model_dir,
-        "rollout.group_size=2",
-        "rollout.batch_size=2",
-        "rollout.blocked_warning_s=0.3",
-    )
+    cfg = _config(tiny_model_dir, *BLOCKS_FAST)
     rows = _rows(q=1)
     async with launch_local(cfg, Counting()) as parts:
         controller = parts.controller
@@ -109,12 +108,7 @@ async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
 async def test_a_batch_too_big_for_one_version_is_explained_and_loses_nothing(
     tiny_model_dir, caplog
 ):
-    cfg = _config(
-        tiny_model_dir,
-        "rollout.group_size=2",
-        "rollout.batch_size=2",
-        "rollout.blocked_warning_s=0.3",
-    )
+    cfg = _config(tiny_model_dir, *BLOCKS_FAST)
     rows = _rows(q=1)
     async with launch_local(cfg, Counting()) as parts:
         controller = parts.controller
