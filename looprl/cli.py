@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from looprl import diagnostics
 from looprl.config import Config, ConfigError, load_config
 
 app = typer.Typer(
@@ -93,6 +94,8 @@ def train(
     from looprl.loop import train as run_training
 
     _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
+    diagnostics.install_stack_dump()
+    diagnostics.write_pid(cfg.run_dir)
     try:
         summary = asyncio.run(run_training(cfg))
     except RecoverError as e:
@@ -142,6 +145,18 @@ def serve(
 
     _setup_logging()
     run_server(model, host=host, port=port, dtype=dtype, model_name=name)
+
+
+@debug_app.command("stacks")
+def debug_stacks(
+    target: Annotated[str, typer.Argument(help="A pid, or a run dir (its driver.pid).")],
+) -> None:
+    """Print the stack of every thread of a running looprl process, without stopping it."""
+    try:
+        print(diagnostics.dump_stacks(diagnostics.resolve_pid(target)))
+    except (ValueError, TimeoutError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 @debug_app.command("workflow")
