@@ -147,6 +147,24 @@ def serve(
     run_server(model, host=host, port=port, dtype=dtype, model_name=name)
 
 
+@app.command()
+def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
+    """Check this machine for the config: each failed check prints its fix."""
+    from looprl.doctor import run_checks
+
+    cfg = _config(config, overrides)
+    table = Table("check", "status", "detail", "fix", show_lines=False)
+    colors = {"ok": "green", "warn": "yellow", "fail": "red"}
+    checks = run_checks(cfg)
+    for c in checks:
+        table.add_row(c.name, f"[{colors[c.status]}]{c.status}[/]", c.detail, c.fix)
+    console.print(table)
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        console.print(f"[red]{len(failed)} check(s) failed:[/red] {', '.join(failed)}")
+        raise typer.Exit(1)
+
+
 @debug_app.command("stacks")
 def debug_stacks(
     target: Annotated[str, typer.Argument(help="A pid, or a run dir (its driver.pid).")],

@@ -1,0 +1,247 @@
+"""`looprl doctor`: checks of this machine against a config, each failure with its fix.
+
+Owns the checks: torch and CUDA, GPUs visible vs what the config uses, NCCL variables,
+the Ray address and the IP a node would announce, the gateway port, disk space for
+checkpoints, and simulator rendering (MUJOCO_GL, NVIDIA EGL, glvnd, Vulkan, OSMesa).
+Each returns a `Check`; nothing here changes the machine.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from looprl.config import Config
+
+Status = Literal["ok", "warn", "fail"]
+
+EGL_VENDOR_FILES = (
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/etc/glvnd/egl_vendor.d/10_nvidia.json",
+)
+VULKAN_ICD_FILES = ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")
+MIN_FREE_GB = 5.0
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def run_checks(cfg: Config) -> list[Check]:
+    return [
+        check_torch(),
+        check_gpus(),
+        check_nccl(),
+        check_ray(os.environ.get("RAY_ADDRESS")),
+        check_node_ip(),
+        check_port(cfg.gateway.host, cfg.gateway.port),
+        check_disk(Path(cfg.run.fileroot)),
+        *check_rendering(),
+    ]
+
+
+def check_torch() -> Check:
+    built = torch.version.cuda
+    if built is None:
+        return Check("torch", "ok", f"torch {torch.__version__}, CPU build")
+    if not torch.cuda.is_available():
+        return Check(
+            "torch",
+            "warn",
+            f"torch {torch.__version__} is built for CUDA {built} but no GPU or driver answers",
+            "on a CPU machine install the CPU build (pip install torch==2.13.0 here); on a GPU "
+            "machine check `nvidia-smi` and that the driver supports CUDA " + built,
+        )
+    return Check("torch", "ok", f"torch {torch.__version__}, CUDA {built}")
+
+
+def check_gpus() -> Check:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return Check("GPUs", "ok", "no GPU: the engine and the trainer run on CPU")
+    if count > 1:
+        return Check(
+            "GPUs",
+            "warn",
+            f"{count} GPUs visible; the local scheduler uses one (devices 1..{count - 1} idle)",
+            "run engine replicas and trainer ranks on all of them with the Ray scheduler, or "
+            "set CUDA_VISIBLE_DEVICES to the ones this run should use",
+        )
+    return Check("GPUs", "ok", "1 GPU")
+
+
+def check_nccl() -> Check:
+    found = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        return Check("NCCL", "ok", "not used without GPUs" + (f"; set: {found}" if found else ""))
+    if found.get("NCCL_P2P_DISABLE") == "1" or found.get("NCCL_IB_DISABLE") == "1":
+        return Check(
+            "NCCL",
+            "warn",
+            f"set: {found}",
+            "NCCL_P2P_DISABLE/NCCL_IB_DISABLE slow weight sync down; unset them unless a "
+            "hang was traced to P2P or InfiniBand",
+        )
+    return Check("NCCL", "ok", f"set: {found}" if found else "no NCCL_* variables (defaults)")
+
+
+def check_ray(address: str | None) -> Check:
+    if not address or address == "auto":
+        return Check("Ray", "ok", "no RAY_ADDRESS: a Ray scheduler would start a local cluster")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except (OSError, ValueError) as e:
+        return Check(
+            "Ray",
+            "fail",
+            f"RAY_ADDRESS={address} cannot be reached: {e}",
+            "start the head node (`ray start --head --node-ip-address=IP`) or fix RAY_ADDRESS "
+            "to the head's IP:port (6379 by default)",
+        )
+    return Check("Ray", "ok", f"RAY_ADDRESS={address} answers")
+
+
+def check_node_ip() -> Check:
+    """The IP this node would announce to Ray/NCCL peers: the one of the default route."""
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.connect(("10.255.255.255", 1))  # no packet is sent; picks the route's source
+        route_ip = probe.getsockname()[0]
+        probe.close()
+    except OSError:
+        route_ip = None
+    try:
+        host_ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        host_ip = None
+    detail = f"default-route IP {route_ip}, hostname resolves to {host_ip}"
+    if host_ip and host_ip.startswith("127.") and route_ip and not route_ip.startswith("127."):
+        return Check(
+            "node IP",
+            "warn",
+            detail,
+            f"peers on other machines cannot reach {host_ip}: start Ray with "
+            f"--node-ip-address={route_ip} and set NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME to "
+            "that interface",
+        )
+    return Check("node IP", "ok", detail)
+
+
+def check_port(host: str, port: int) -> Check:
+    if port == 0:
+        return Check("gateway port", "ok", "gateway.port=0: a free port is picked at start")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return Check(
+                "gateway port",
+                "fail",
+                f"{host}:{port} is taken: {e.strerror}",
+                "set gateway.port=0 (any free port) or another port",
+            )
+    return Check("gateway port", "ok", f"{host}:{port} is free")
+
+
+def check_disk(fileroot: Path) -> Check:
+    existing = fileroot
+    while not existing.exists():
+        existing = existing.parent
+    free_gb = shutil.disk_usage(existing).free / 1e9
+    if free_gb < MIN_FREE_GB:
+        return Check(
+            "disk",
+            "fail",
+            f"{free_gb:.1f} GB free under {existing}; a SmolLM2-135M checkpoint is 1.6 GB "
+            "and keep_last of them are kept",
+            "free space, point run.fileroot at a larger disk, or lower checkpoint.keep_last",
+        )
+    return Check("disk", "ok", f"{free_gb:.0f} GB free under {existing}")
+
+
+def check_rendering() -> list[Check]:
+    """Headless rendering for simulator environments (MuJoCo, robotics)."""
+    mujoco_gl = os.environ.get("MUJOCO_GL")
+    egl = ctypes.util.find_library("EGL_nvidia") or _loadable("libEGL_nvidia.so.0")
+    vendor = next((f for f in EGL_VENDOR_FILES if Path(f).is_file()), None)
+    vulkan = next((f for f in VULKAN_ICD_FILES if Path(f).is_file()), None)
+    osmesa = ctypes.util.find_library("OSMesa")
+    checks = []
+    if egl and vendor:
+        checks.append(Check("EGL", "ok", f"libEGL_nvidia.so.0 and {vendor}"))
+    else:
+        missing = [
+            n for n, ok in (("libEGL_nvidia.so.0", egl), ("glvnd vendor file", vendor)) if not ok
+        ]
+        checks.append(
+            Check(
+                "EGL",
+                "warn",
+                "no GPU rendering: "
+                + " and ".join(missing)
+                + " not found (only simulators need it)",
+                "on a GPU machine install the NVIDIA driver's EGL library and "
+                f"{EGL_VENDOR_FILES[0]}; without a GPU render with MUJOCO_GL=osmesa "
+                "(apt install libosmesa6)",
+            )
+        )
+    checks.append(
+        Check("Vulkan", "ok", f"ICD {vulkan}")
+        if vulkan
+        else Check(
+            "Vulkan",
+            "warn",
+            "no NVIDIA Vulkan ICD file",
+            "install the NVIDIA driver's Vulkan ICD (only simulators using Vulkan need it)",
+        )
+    )
+    if mujoco_gl == "egl" and not (egl and vendor):
+        checks.append(
+            Check(
+                "MUJOCO_GL",
+                "fail",
+                "MUJOCO_GL=egl but EGL is missing (see above)",
+                "set MUJOCO_GL=osmesa, or install the NVIDIA EGL library",
+            )
+        )
+    elif mujoco_gl == "osmesa" and not osmesa:
+        checks.append(
+            Check(
+                "MUJOCO_GL",
+                "fail",
+                "MUJOCO_GL=osmesa but libOSMesa is not installed",
+                "apt install libosmesa6",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "MUJOCO_GL",
+                "ok",
+                f"MUJOCO_GL={mujoco_gl or '(unset)'}; OSMesa "
+                + ("found" if osmesa else "not installed"),
+            )
+        )
+    return checks
+
+
+def _loadable(name: str) -> bool:
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,64 @@
+"""`looprl doctor` on this machine: no GPU, no EGL; failures forced where they can be."""
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from looprl import doctor
+from looprl.cli import app
+from looprl.config import load_config
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_this_machine_cpu_only_without_egl(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    checks = _by_name(doctor.run_checks(load_config(None, [f"run.fileroot={tmp_path}"])))
+    assert checks["torch"].status == "ok" and "CPU build" in checks["torch"].detail
+    assert checks["GPUs"].status == "ok" and "no GPU" in checks["GPUs"].detail
+    assert checks["disk"].status == "ok"
+    egl = checks["EGL"]
+    assert egl.status == "warn" and "libEGL_nvidia.so.0" in egl.detail
+    assert "MUJOCO_GL=osmesa" in egl.fix
+    assert all(c.status != "fail" for c in checks.values())
+
+
+def test_egl_rendering_asked_for_without_egl_fails(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    check = _by_name(doctor.check_rendering())["MUJOCO_GL"]
+    assert check.status == "fail" and "MUJOCO_GL=osmesa" in check.fix
+
+
+def test_a_taken_port_and_an_unreachable_ray_fail_with_their_fix():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        check = doctor.check_port("127.0.0.1", port)
+        assert check.status == "fail" and "gateway.port=0" in check.fix
+        assert doctor.check_ray(f"127.0.0.1:{port}").status == "ok"  # something answers
+    closed = doctor.check_ray(f"127.0.0.1:{port}")
+    assert closed.status == "fail" and "ray start --head" in closed.fix
+
+
+def test_little_disk_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "MIN_FREE_GB", 1e9)
+    check = doctor.check_disk(tmp_path / "runs" / "not-yet")
+    assert check.status == "fail" and "checkpoint.keep_last" in check.fix
+
+
+@pytest.mark.parametrize(("taken", "code"), [(True, 1), (False, 0)])
+def test_cli_exit_code_says_whether_a_check_failed(tmp_path, monkeypatch, taken, code):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1] if taken else 0
+        result = CliRunner().invoke(
+            app, ["doctor", f"gateway.port={port}", f"run.fileroot={tmp_path}"]
+        )
+    assert result.exit_code == code, result.output
