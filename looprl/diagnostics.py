@@ -4,7 +4,9 @@ Owns: `install_stack_dump()` (called by the CLI at start: SIGUSR1 makes the proc
 append every Python thread's stack to `stack_file(pid)`, via `faulthandler`, without
 stopping it), `write_pid()` (the driver's pid in its run dir, so a run dir names its
 process), and `dump_stacks()` behind `looprl debug stacks PID|RUN_DIR` (py-spy when it
-is installed, which also sees native frames, else the signal).
+is installed, which also sees native frames, else the signal), and `oom_phase()`: an
+out-of-memory error re-raised with the phase it happened in (engine load, generation,
+logprob recomputation, training) and the settings that lower memory there.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 PID_FILE = "driver.pid"
 
@@ -74,3 +80,45 @@ def dump_stacks(pid: int, timeout_s: float = 5.0) -> str:
         f"process {pid} wrote no stacks to {path} within {timeout_s} s: it is not a looprl "
         "process, or it is stuck outside Python (install py-spy to see native frames)"
     )
+
+
+# ---- out of memory, by phase -------------------------------------------------------
+
+OOM_ADVICE = {
+    "engine load": "load the model in bfloat16 (engine.dtype=bfloat16) or use a smaller model",
+    "generation": "lower engine.max_tokens_per_batch (the KV budget), engine.max_batch_size "
+    "or rollout.max_concurrent_rollouts",
+    "logprob recomputation": "lower train.max_tokens_per_mb (tokens per forward pass)",
+    "training": "lower train.max_tokens_per_mb (tokens per micro-batch; gradients add up "
+    "the same), keep train.autocast_bf16=true, or split the data-parallel work over more "
+    "ranks",
+}
+
+
+class PhaseOutOfMemory(RuntimeError):
+    """Out of memory, with the phase it happened in and the settings that reduce it."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+@contextmanager
+def oom_phase(phase: str, settings: dict[str, object] | None = None) -> Iterator[None]:
+    """Re-raise an out-of-memory error inside the block as PhaseOutOfMemory naming
+    `phase`, the current `settings` and what lowers memory there."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_memory(e) or isinstance(e, PhaseOutOfMemory):
+            raise
+        now = ", ".join(f"{k}={v}" for k, v in (settings or {}).items())
+        raise PhaseOutOfMemory(
+            f"Out of memory during {phase}" + (f" ({now})" if now else "") + f": {e}\n"
+            f"To use less memory in {phase}: {OOM_ADVICE[phase]}."
+        ) from e

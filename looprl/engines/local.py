@@ -47,6 +47,7 @@ import torch
 from transformers import PreTrainedModel
 
 from looprl.config import EngineConfig
+from looprl.diagnostics import oom_phase
 from looprl.engines.base import EngineError
 from looprl.engines.fused import unsupported_reason
 from looprl.engines.runners import FusedRunner, HFRunner
@@ -273,7 +274,8 @@ class LocalEngine:
                 try:
                     async with self._model_lock:
                         new = self._admit()
-                        finished = self._step(new, self._version)
+                        with oom_phase("generation", self._memory_settings()):
+                            finished = self._step(new, self._version)
                     for request in finished:
                         if not request.future.done():
                             request.future.set_result(request.generation())
@@ -283,6 +285,13 @@ class LocalEngine:
                 await asyncio.sleep(0)  # let callers, HTTP handlers and workflows run
         finally:
             self._fail_all(None)
+
+    def _memory_settings(self) -> dict[str, object]:
+        return {
+            "engine.max_tokens_per_batch": self._max_tokens_per_batch,
+            "engine.max_batch_size": self._max_batch_size,
+            "running requests": len(self._rows),
+        }
 
     def _admit(self) -> list[_Request]:
         """Move waiting requests that fit the batch limits into the next step, in order."""

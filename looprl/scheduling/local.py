@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from looprl.config import Config
+from looprl.diagnostics import oom_phase
 from looprl.engines.local import LocalEngine
 from looprl.gateway.app import create_app
 from looprl.gateway.server import GatewayServer
@@ -44,15 +45,8 @@ async def launch_local(
     policy) when given, else loads the configured model."""
     tokenizer = load_tokenizer(cfg.model.path)
     engine_model = model if model is not None else load_model(cfg.model.path)
-    engine = LocalEngine(  # keeps its own copy, in the engine's dtype
-        engine_model,
-        eos_token_ids=eos_token_ids(tokenizer, engine_model),
-        decode=tokenizer.decode,
-        dtype=cfg.engine.dtype,
-        max_batch_size=cfg.engine.max_batch_size,
-        max_tokens_per_batch=cfg.engine.max_tokens_per_batch,
-        batch_wait_ms=cfg.engine.batch_wait_ms,
-    )
+    with oom_phase("engine load", {"engine.dtype": cfg.engine.dtype}):
+        engine = _engine(cfg, tokenizer, engine_model)
     store = SessionStore()
     app = create_app(
         engine,
@@ -82,3 +76,15 @@ async def launch_local(
         await controller.close()
         await server.stop()
         await engine.stop()
+
+
+def _engine(cfg: Config, tokenizer: Any, engine_model: nn.Module) -> LocalEngine:
+    return LocalEngine(  # keeps its own copy, in the engine's dtype
+        engine_model,
+        eos_token_ids=eos_token_ids(tokenizer, engine_model),
+        decode=tokenizer.decode,
+        dtype=cfg.engine.dtype,
+        max_batch_size=cfg.engine.max_batch_size,
+        max_tokens_per_batch=cfg.engine.max_tokens_per_batch,
+        batch_wait_ms=cfg.engine.batch_wait_ms,
+    )

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from looprl.config import TrainConfig
+from looprl.diagnostics import oom_phase
 from looprl.runtime import tune_malloc
 from looprl.training.batch import (
     TrainBatch,
@@ -102,7 +103,14 @@ class Trainer:
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Float32 logprobs (N, T) of `batch` under the current weights, without grad."""
-        return self._logprobs_without_grad(self.model, batch)
+        with oom_phase("logprob recomputation", self._memory_settings()):
+            return self._logprobs_without_grad(self.model, batch)
+
+    def _memory_settings(self) -> dict[str, object]:
+        return {
+            "train.max_tokens_per_mb": self.cfg.max_tokens_per_mb,
+            "train.autocast_bf16": self.cfg.autocast_bf16,
+        }
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Update the weights on `batch`. Returns stats averaged over optimizer steps, plus
@@ -120,7 +128,8 @@ class Trainer:
         for _ in range(self.cfg.ppo_epochs):
             for mini in split_mini_batches(batch, self.cfg.mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
-                stats = self.accumulate_gradients(mini)
+                with oom_phase("training", self._memory_settings()):
+                    stats = self.accumulate_gradients(mini)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
                 stats["grad_norm"] = float(norm)
                 self.optimizer.step()
