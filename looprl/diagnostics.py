@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,15 +109,18 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 @contextmanager
-def oom_phase(phase: str, settings: dict[str, object] | None = None) -> Iterator[None]:
+def oom_phase(
+    phase: str, settings: Callable[[], dict[str, object]] | None = None
+) -> Iterator[None]:
     """Re-raise an out-of-memory error inside the block as PhaseOutOfMemory naming
-    `phase`, the current `settings` and what lowers memory there."""
+    `phase`, the current settings (`settings()`, called only then: the engine enters
+    this on every decode step) and what lowers memory there."""
     try:
         yield
     except Exception as e:
         if not is_out_of_memory(e) or isinstance(e, PhaseOutOfMemory):
             raise
-        now = ", ".join(f"{k}={v}" for k, v in (settings or {}).items())
+        now = ", ".join(f"{k}={v}" for k, v in (settings() if settings else {}).items())
         raise PhaseOutOfMemory(
             f"Out of memory during {phase}" + (f" ({now})" if now else "") + f": {e}\n"
             f"To use less memory in {phase}: {OOM_ADVICE[phase]}."

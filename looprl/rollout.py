@@ -365,9 +365,8 @@ class RolloutController:
                 f"a group of {group_size} rollouts can never start under "
                 f"rollout.max_concurrent_rollouts={self.cfg.max_concurrent_rollouts}"
             )
-        job = _Job(row, group_size, self._workflow_for(workflow, workflow_kwargs))
-        job.sampling_overrides = sampling_overrides
-        self._jobs.append(job)
+        workflow = self._workflow_for(workflow, workflow_kwargs)
+        self._jobs.append(_Job(row, group_size, workflow, sampling_overrides))
         self._start_dispatcher()
 
     async def prepare_batch(
@@ -530,19 +529,13 @@ class RolloutController:
             await _wait_event(self._admission_changed, timeout)
 
     def _limiting_term(self, job: _Job) -> str:
-        s, version = self.staleness, self.version()
-        staleness = (s.max_head_offpolicyness + version + 1) * s.batch_size - (
-            s.accepted + s.running
-        )
+        _, staleness = self.staleness.terms(self.version())
         return "staleness" if staleness < job.group_size else "concurrency"
 
     def _blocked_message(self, job: _Job, blocked_s: float) -> str:
         s, cfg, version = self.staleness, self.cfg, self.version()
         who, asked, needed = self._waiting
-        concurrency = s.max_concurrent_rollouts - s.running
-        staleness = (s.max_head_offpolicyness + version + 1) * s.batch_size - (
-            s.accepted + s.running
-        )
+        concurrency, staleness = s.terms(version)
         lines = [
             f"Rollout admission has blocked {who} for {blocked_s:.1f} s: it waits for "
             f"{needed} more group(s) and {len(self._in_flight)} are running; a group of "

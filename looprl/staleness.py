@@ -25,12 +25,16 @@ class StalenessManager:
     accepted: int = 0
     rejected: int = 0
 
-    def capacity(self, version: int) -> int:
+    def terms(self, version: int) -> tuple[int, int]:
+        """The formula's two terms: (concurrency, staleness)."""
         concurrency = self.max_concurrent_rollouts - self.running
         staleness = (self.max_head_offpolicyness + version + 1) * self.batch_size - (
             self.accepted + self.running
         )
-        return min(concurrency, staleness)
+        return concurrency, staleness
+
+    def capacity(self, version: int) -> int:
+        return min(self.terms(version))
 
     def explain(self, version: int) -> str:
         """The numbers in the formula, for a log line when admission is blocked."""

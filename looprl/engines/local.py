@@ -274,7 +274,7 @@ class LocalEngine:
                 try:
                     async with self._model_lock:
                         new = self._admit()
-                        with oom_phase("generation", self._memory_settings()):
+                        with oom_phase("generation", self._memory_settings):
                             finished = self._step(new, self._version)
                     for request in finished:
                         if not request.future.done():

@@ -45,7 +45,7 @@ async def launch_local(
     policy) when given, else loads the configured model."""
     tokenizer = load_tokenizer(cfg.model.path)
     engine_model = model if model is not None else load_model(cfg.model.path)
-    with oom_phase("engine load", {"engine.dtype": cfg.engine.dtype}):
+    with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
         engine = _engine(cfg, tokenizer, engine_model)
     store = SessionStore()
     app = create_app(

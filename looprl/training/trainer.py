@@ -103,7 +103,7 @@ class Trainer:
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Float32 logprobs (N, T) of `batch` under the current weights, without grad."""
-        with oom_phase("logprob recomputation", self._memory_settings()):
+        with oom_phase("logprob recomputation", self._memory_settings):
             return self._logprobs_without_grad(self.model, batch)
 
     def _memory_settings(self) -> dict[str, object]:
@@ -128,7 +128,7 @@ class Trainer:
         for _ in range(self.cfg.ppo_epochs):
             for mini in split_mini_batches(batch, self.cfg.mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
-                with oom_phase("training", self._memory_settings()):
+                with oom_phase("training", self._memory_settings):
                     stats = self.accumulate_gradients(mini)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
                 stats["grad_norm"] = float(norm)

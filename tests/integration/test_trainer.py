@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from looprl.config import TrainConfig
+from looprl.diagnostics import PhaseOutOfMemory
 from looprl.models import load_model
 from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.trainer import Trainer, lr_factor
@@ -180,3 +181,30 @@ def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
         model.zero_grad(set_to_none=True)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
     assert grads[0].abs().sum() > 0
+
+
+def test_a_forced_oom_names_its_phase_and_max_tokens_per_mb(model, monkeypatch):
+    """Fault injection: a real out-of-memory error would take this machine down."""
+    batch = _batch(model)
+    trainer = Trainer(copy.deepcopy(model), TrainConfig(max_tokens_per_mb=512))
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(trainer, "_sampled_logits", out_of_memory)
+    with pytest.raises(PhaseOutOfMemory) as caught:
+        trainer.train_step(batch)
+    message = str(caught.value)
+    assert message.startswith("Out of memory during training (train.max_tokens_per_mb=512")
+    assert "Tried to allocate 2.00 GiB" in message
+    assert "lower train.max_tokens_per_mb" in message
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+    monkeypatch.setattr(trainer, "_logits", out_of_memory)
+    with pytest.raises(PhaseOutOfMemory, match="during logprob recomputation"):
+        trainer.compute_logprobs(batch)
+
+    # Not every error is an OOM: others pass through unchanged.
+    monkeypatch.setattr(trainer, "_logits", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        trainer.compute_logprobs(batch)
