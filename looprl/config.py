@@ -276,6 +276,38 @@ class RecoverConfig(Section):
     )
 
 
+class DiagnosticsConfig(Section):
+    hang_timeout_s: float = Field(
+        600.0,
+        ge=0,
+        description="A process that makes no progress this long (the driver: no rollout "
+        "batch, train step, evaluation or checkpoint; a rank: no beat) writes the stacks of "
+        "every process of the run to <run_dir>/hangs/ and logs where each one waits; 0 "
+        "turns the watchdog off.",
+    )
+    hang_abort: bool = Field(
+        False,
+        description="After a hang report, stop every process of the run (exit code 1) "
+        "rather than leave them running for inspection (e.g. `looprl debug stacks`).",
+    )
+    collective_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="A rank waiting longer than this in one collective (all_reduce, "
+        "broadcast, ...) raises, which stops the run; torch's own default is 30 min.",
+    )
+
+    @model_validator(mode="after")
+    def _report_before_the_collective_fails(self) -> DiagnosticsConfig:
+        if 0 < self.collective_timeout_s <= self.hang_timeout_s:
+            raise ValueError(
+                f"hang_timeout_s={self.hang_timeout_s:g} must be below collective_timeout_s="
+                f"{self.collective_timeout_s:g}: a stuck collective would fail on its timeout "
+                "before the watchdog reports where each rank waits; lower hang_timeout_s"
+            )
+        return self
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -289,6 +321,18 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     recover: RecoverConfig = Field(default_factory=RecoverConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+
+    @model_validator(mode="after")
+    def _slow_rollouts_are_no_hang(self) -> Config:
+        hang_s, rollout_s = self.diagnostics.hang_timeout_s, self.rollout.timeout_s
+        if 0 < hang_s <= rollout_s:
+            raise ValueError(
+                f"diagnostics.hang_timeout_s={hang_s:g} must be above rollout.timeout_s="
+                f"{rollout_s:g}: a batch waiting on slow rollouts would be reported as a "
+                "hang; raise diagnostics.hang_timeout_s (0 turns the watchdog off)"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:
@@ -366,7 +410,7 @@ def _describe(error: ValidationError, data: dict) -> str:
             lines.append(f"  {loc}: unknown field{_suggest(err['loc'])}")
         elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
             # A check across fields: its message names them; the section's dict is noise.
-            lines.append(f"  {loc}: {err['ctx']['error']}")
+            lines.append(f"  {loc}: {err['ctx']['error']}" if loc else f"  {err['ctx']['error']}")
         else:
             lines.append(f"  {loc}={err.get('input')!r}: {err['msg']}")
     return "\n".join(lines)

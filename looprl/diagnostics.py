@@ -4,7 +4,8 @@ Owns: `install_stack_dump()` (called by the CLI at start: SIGUSR1 makes the proc
 append every Python thread's stack to `stack_file(pid)`, via `faulthandler`, without
 stopping it), `write_pid()` (the driver's pid in its run dir, so a run dir names its
 process), and `dump_stacks()` behind `looprl debug stacks PID|RUN_DIR` (py-spy when it
-is installed, which also sees native frames, else the signal), and `oom_phase()`: an
+is installed, which also sees native frames, else the signal: `signal_stacks()`, whose
+faulthandler format the hang watchdog parses), and `oom_phase()`: an
 out-of-memory error re-raised with the phase it happened in (engine load, generation,
 logprob recomputation, training) and the settings that lower memory there.
 """
@@ -65,6 +66,12 @@ def dump_stacks(pid: int, timeout_s: float = 5.0) -> str:
         done = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True)
         if done.returncode == 0:
             return done.stdout
+    return signal_stacks(pid, timeout_s)
+
+
+def signal_stacks(pid: int, timeout_s: float = 5.0) -> str:
+    """Process `pid`'s faulthandler dump, asked for with SIGUSR1 (the process must have
+    called `install_stack_dump`: SIGUSR1 ends one that has not)."""
     path = stack_file(pid)
     before = path.stat().st_size if path.exists() else 0
     os.kill(pid, signal.SIGUSR1)

@@ -30,6 +30,7 @@ from looprl.scheduling.local import launch_local
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch, sample_staleness
 from looprl.training.trainer import Trainer
+from looprl.watchdog import HangWatchdog, forget_processes
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     run_dir = cfg.run_dir
     checkpoint = resume_point(cfg)  # before anything is written into the run dir
     cfg.save(run_dir)
+    forget_processes(run_dir)  # those of an earlier run here would read as exited
     torch.manual_seed(cfg.run.seed)
     task = load_task(cfg.task)
     log.info(
@@ -83,6 +85,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         with (
             Metrics(run_dir, cfg.train.total_steps, show_progress=show_progress) as metrics,
             GracefulStop() as stop,
+            HangWatchdog(run_dir, "driver", cfg.diagnostics) as watchdog,
         ):
             if checkpoint is None:
                 metrics.status("evaluating the initial policy")
@@ -95,6 +98,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
                 rollout = await controller.prepare_batch(rows)
+                watchdog.beat()
                 batch, batch_stats = build_batch(
                     rollout.trajectories, cfg.train.algorithm, tokenizer.pad_token_id
                 )
@@ -126,6 +130,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 ):
                     metrics.status("evaluating")
                     await evaluate(controller, task.eval, cfg, metrics, step=step)
+                watchdog.beat()  # the step's update, checkpoint and evaluation are done
             if saver.last_step < cfg.train.total_steps:
                 saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
