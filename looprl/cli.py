@@ -207,6 +207,55 @@ def debug_workflow(
         raise typer.Exit(1)
 
 
+@debug_app.command("consistency")
+def debug_consistency(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    samples: Annotated[int, typer.Option(min=1, help="Prompts to sample from (task rows).")] = 8,
+    engines: Annotated[
+        str, typer.Option(help="Engine backends to check, comma-separated: local,vllm,sglang.")
+    ] = "local",
+    worst: Annotated[int, typer.Option(min=1, help="Worst tokens listed per engine.")] = 5,
+) -> None:
+    """Engine logprobs vs the trainer's on the same sampled tokens: mean/max |diff|, KL."""
+    cfg = _config(config, overrides)
+    types = [t.strip() for t in engines.split(",") if t.strip()]
+    unknown = [t for t in types if t not in ("local", "vllm", "sglang")]
+    if not types or unknown:
+        console.print(
+            f"[red]error:[/red] --engines={engines!r}: name engines among local, vllm, sglang"
+        )
+        raise typer.Exit(2)
+    from looprl.consistency import check_consistency
+    from looprl.engines.base import EngineError
+
+    _setup_logging(cfg.run.log_level)
+    try:
+        reports = asyncio.run(check_consistency(cfg, types, samples=samples, worst=worst))
+    except EngineError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    summary = Table(*reports[0].summary(), title="logprobs: engine vs trainer, same tokens")
+    for r in reports:
+        summary.add_row(*(_cell(v) for v in r.summary().values()))
+    Console().print(summary)
+    for r in reports:
+        worst_table = Table(*r.worst[0].row(), title=f"worst tokens: {r.engine}")
+        for w in r.worst:
+            worst_table.add_row(*(_cell(v) for v in w.row().values()))
+        Console().print(worst_table)
+    if cfg.sampling.top_k or cfg.sampling.top_p < 1:
+        console.print(
+            f"note: sampling.top_k={cfg.sampling.top_k}, top_p={cfg.sampling.top_p}: engine "
+            "logprobs are renormalized over the kept tokens, the trainer's are not, so they "
+            "differ by design"
+        )
+
+
+def _cell(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _print_stats(title: str, stats: dict) -> None:
     table = Table(title=title, show_header=False)
     for key, value in stats.items():

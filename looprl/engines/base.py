@@ -39,3 +39,8 @@ class Engine(Protocol):
     async def resume(self) -> None:
         """Continue decoding after `pause`."""
         ...
+
+    async def stop(self) -> None:
+        """Release what the engine holds (its batcher, or the server it launched and the
+        weight files written for it); requests still unanswered fail with EngineError."""
+        ...

@@ -1,8 +1,9 @@
-"""Everything in one process: the local engine, the gateway and the rollout controller.
+"""Everything in one process: the engine, the gateway and the rollout controller.
 
 `launch_local` builds them for a config and tears them down in reverse order. Because
 every part shares one event loop and one process, an ordinary debugger and
-`breakpoint()` work anywhere, workflows included.
+`breakpoint()` work anywhere, workflows included. The engine is the in-process local
+one, or (engine.type=vllm/sglang) an adapter to a server process it launches.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from torch import nn
 
 from looprl.config import Config
 from looprl.diagnostics import oom_phase
-from looprl.engines.local import LocalEngine
+from looprl.engines.base import Engine
+from looprl.engines.launch import start_engine
 from looprl.gateway.app import create_app
 from looprl.gateway.server import GatewayServer
 from looprl.gateway.sessions import SessionStore
-from looprl.models import eos_token_ids, load_model, load_tokenizer
+from looprl.models import load_model, load_tokenizer
 from looprl.rollout import RolloutController
 from looprl.workflow import Workflow
 
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LocalParts:
-    engine: LocalEngine
+    engine: Engine
     gateway: GatewayServer
     store: SessionStore
     controller: RolloutController
@@ -46,7 +48,7 @@ async def launch_local(
     tokenizer = load_tokenizer(cfg.model.path)
     engine_model = model if model is not None else load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
-        engine = _engine(cfg, tokenizer, engine_model)
+        engine = await start_engine(cfg, engine_model, tokenizer, cfg.run_dir)
     store = SessionStore()
     app = create_app(
         engine,
@@ -54,10 +56,14 @@ async def launch_local(
         model_name=cfg.model.name,
         store=store,
         default_sampling=cfg.sampling,
-        max_model_len=engine_model.config.max_position_embeddings,
+        max_model_len=cfg.engine.max_model_len or engine_model.config.max_position_embeddings,
     )
     server = GatewayServer(app, host=cfg.gateway.host, port=cfg.gateway.port)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await engine.stop()  # a launched server process must not outlive the run
+        raise
     log.info("Gateway listening on %s", server.url)
     controller = RolloutController(
         server,
@@ -76,15 +82,3 @@ async def launch_local(
         await controller.close()
         await server.stop()
         await engine.stop()
-
-
-def _engine(cfg: Config, tokenizer: Any, engine_model: nn.Module) -> LocalEngine:
-    return LocalEngine(  # keeps its own copy, in the engine's dtype
-        engine_model,
-        eos_token_ids=eos_token_ids(tokenizer, engine_model),
-        decode=tokenizer.decode,
-        dtype=cfg.engine.dtype,
-        max_batch_size=cfg.engine.max_batch_size,
-        max_tokens_per_batch=cfg.engine.max_tokens_per_batch,
-        batch_wait_ms=cfg.engine.batch_wait_ms,
-    )

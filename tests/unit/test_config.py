@@ -54,3 +54,64 @@ def test_resolved_config_is_saved_and_reloads_identically(tmp_path):
     assert again == cfg
     assert again.fingerprint() == cfg.fingerprint()
     assert yaml.safe_load(path.read_text())["train"]["lr"] == 3e-5
+
+
+def test_hang_timeout_sits_between_the_rollout_and_the_collective_timeouts():
+    with pytest.raises(ConfigError) as slow_rollouts:
+        load_config(None, ["diagnostics.hang_timeout_s=100"])
+    assert str(slow_rollouts.value) == (
+        "invalid config:\n  diagnostics.hang_timeout_s=100 must be above rollout.timeout_s=300: "
+        "a batch waiting on slow rollouts would be reported as a hang; raise "
+        "diagnostics.hang_timeout_s (0 turns the watchdog off)"
+    )
+    with pytest.raises(ConfigError, match="hang_timeout_s=1000 must be below collective_timeout_s"):
+        load_config(None, ["diagnostics.hang_timeout_s=1000"])
+    assert load_config(None, ["diagnostics.hang_timeout_s=0"]).diagnostics.hang_timeout_s == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["engine.tensor_parallel_size=2"],
+            "engine.tensor_parallel_size=2 applies to engine.type=vllm or sglang, not local",
+        ),
+        (
+            ["engine.type=vllm", "engine.max_batch_size=8"],
+            "engine.max_batch_size=8 applies to the local engine only",
+        ),
+        (
+            ["engine.type=vllm", "engine.url=http://10.0.0.5:8000", "engine.max_model_len=4096"],
+            "engine.max_model_len=4096 is a launch option, but engine.url connects to a server",
+        ),
+        (
+            ["engine.type=sglang", "engine.kv_cache_gib=8"],
+            "engine.kv_cache_gib=8 is a vLLM option; SGLang sizes its KV cache by "
+            "engine.gpu_memory_fraction",
+        ),
+        (
+            ["engine.type=vllm", "engine.url=10.0.0.5:8000"],
+            "engine.url='10.0.0.5:8000' must start with http:// or https://",
+        ),
+        (["engine.type=tgi"], "engine.type='tgi'"),
+        (["engine.type=vllm", "engine.gpu_memory_fraction=1.5"], "gpu_memory_fraction=1.5"),
+    ],
+)
+def test_engine_options_must_fit_the_engine_type(overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, overrides)
+    assert expected in str(error.value)
+
+
+def test_remote_engine_options_round_trip_through_the_saved_config(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "engine.type=vllm",
+            "engine.server_args=[--enforce-eager]",
+            "engine.kv_cache_gib=2",
+            f"run.fileroot={tmp_path}",
+        ],
+    )
+    assert cfg.engine.server_args == ["--enforce-eager"] and cfg.engine.kv_cache_gib == 2
+    assert load_config(cfg.save()) == cfg  # every field written, none rejected on reload

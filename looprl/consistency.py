@@ -1,0 +1,196 @@
+"""Logprob consistency: how far an engine's logprobs are from the trainer's, on the
+same tokens (`looprl debug consistency`).
+
+Owns `measure` (generate with an engine, recompute the logprobs of exactly the tokens
+it sampled with `Trainer.compute_logprobs`, as the training step does, and compare)
+and `check_consistency` (that, for each engine backend asked for, on the configured
+model, task prompts and sampling). Reported per engine: mean and max |engine - trainer|
+over sampled tokens, the KL from the engine's sampling distribution to the trainer's
+(k3 estimator, mean of exp(r) - 1 - r with r = trainer - engine logprob, over tokens
+the engine sampled: unbiased and never negative), and the worst tokens.
+
+Differences come from the engine's dtype (bf16 vs the trainer's float32 weights under
+train.autocast_bf16), its kernels, and, by design, top-k / top-p: the engine's
+logprobs are renormalized over the tokens it kept, the trainer's are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from looprl.config import Config, EngineConfig
+from looprl.engines.base import Engine
+from looprl.engines.launch import start_engine
+from looprl.models import load_model, load_tokenizer
+from looprl.tasks import load_task
+from looprl.training.batch import build_batch
+from looprl.training.trainer import Trainer
+from looprl.types import Generation, SamplingParams, Trajectory
+
+
+@dataclass
+class WorstToken:
+    sample: int
+    position: int  # index in the sample's completion
+    token_id: int
+    token: str
+    engine_logprob: float
+    trainer_logprob: float
+
+    @property
+    def abs_diff(self) -> float:
+        return abs(self.engine_logprob - self.trainer_logprob)
+
+    def row(self) -> dict[str, float | int | str]:
+        return {
+            "sample": self.sample,
+            "position": self.position,
+            "token": repr(self.token),
+            "engine logprob": self.engine_logprob,
+            "trainer logprob": self.trainer_logprob,
+            "|diff|": self.abs_diff,
+        }
+
+
+@dataclass
+class ConsistencyReport:
+    engine: str
+    samples: int
+    tokens: int
+    mean_abs_diff: float
+    max_abs_diff: float
+    kl: float
+    worst: list[WorstToken]
+
+    def summary(self) -> dict[str, float | int | str]:
+        return {
+            "engine": self.engine,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "mean |diff|": self.mean_abs_diff,
+            "max |diff|": self.max_abs_diff,
+            "KL(engine||trainer)": self.kl,
+        }
+
+
+async def measure(
+    engine: Engine,
+    trainer: Trainer,
+    tokenizer,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    *,
+    name: str,
+    worst: int = 5,
+) -> ConsistencyReport:
+    """Generate one completion per prompt with `engine` (concurrently), recompute its
+    tokens' logprobs with `trainer`, and compare them."""
+    generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+    batch, _ = build_batch([_trajectory(g) for g in generations], "grpo", tokenizer.pad_token_id)
+    trainer_logprobs = trainer.compute_logprobs(batch)  # (N, T)
+    mask = batch.loss_mask  # (N, T)
+    engine_lp, trainer_lp = batch.behavior_logprobs[mask], trainer_logprobs[mask]  # (K,)
+    diff = (engine_lp - trainer_lp).abs()
+    r = trainer_lp - engine_lp
+    kl = (r.exp() - 1 - r).mean()
+    rows, cols = mask.nonzero(as_tuple=True)  # row-major, as the masked values above
+    worst_tokens = []
+    for k in diff.argsort(descending=True)[:worst].tolist():
+        row, col = int(rows[k]), int(cols[k])
+        token_id = int(batch.input_ids[row, col])
+        worst_tokens.append(
+            WorstToken(
+                sample=row,
+                position=col - len(generations[row].prompt_ids),
+                token_id=token_id,
+                token=tokenizer.decode([token_id]),
+                engine_logprob=float(engine_lp[k]),
+                trainer_logprob=float(trainer_lp[k]),
+            )
+        )
+    return ConsistencyReport(
+        engine=name,
+        samples=len(prompts),
+        tokens=int(mask.sum()),
+        mean_abs_diff=float(diff.mean()),
+        max_abs_diff=float(diff.max()),
+        kl=float(kl),
+        worst=worst_tokens,
+    )
+
+
+async def check_consistency(
+    cfg: Config, engine_types: list[str], *, samples: int, worst: int = 5
+) -> list[ConsistencyReport]:
+    """`measure` for each engine type in turn, on `samples` prompts of the task's train
+    split, sampled as `cfg.sampling` says. The configured engine runs with its options;
+    another type runs with its defaults and engine.dtype. Engine files (server logs,
+    weight folders) go to <run_dir>/consistency."""
+    if samples < 1:
+        raise ValueError(f"--samples={samples} must be >= 1")
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = load_tokenizer(cfg.model.path)
+    policy = load_model(cfg.model.path, cfg.model.dtype)
+    train_cfg = cfg.train.model_copy(update={"kl_coef": 0.0})  # no reference model needed
+    trainer = Trainer(policy, train_cfg, temperature=cfg.sampling.temperature or 1.0)
+    prompts = task_prompts(cfg, tokenizer, samples)
+    sampling = SamplingParams(
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        top_k=cfg.sampling.top_k,
+    )
+    reports = []
+    for engine_type in engine_types:
+        engine_cfg = (
+            cfg.engine
+            if engine_type == cfg.engine.type
+            else EngineConfig(type=engine_type, dtype=cfg.engine.dtype)
+        )
+        run_cfg = cfg.model_copy(update={"engine": engine_cfg})
+        engine = await start_engine(run_cfg, policy, tokenizer, Path(cfg.run_dir, "consistency"))
+        try:
+            report = await measure(
+                engine, trainer, tokenizer, prompts, sampling, name=engine_type, worst=worst
+            )
+        finally:
+            await engine.stop()
+        reports.append(report)
+    return reports
+
+
+def task_prompts(cfg: Config, tokenizer, samples: int) -> list[list[int]]:
+    """Chat-templated prompts of the first `samples` rows of the task's train split, as
+    the built-in RLVR workflow sends them."""
+    task = load_task(cfg.task)
+    prompts = []
+    for row in task.train[:samples]:
+        messages = [{"role": "user", "content": str(row[task.prompt_field])}]
+        if task.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        prompts.append(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        )
+    return prompts
+
+
+def _trajectory(gen: Generation) -> Trajectory:
+    n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
+    mask = torch.zeros(n_prompt + n_out, dtype=torch.bool)
+    mask[n_prompt:] = True
+    behavior = torch.zeros(n_prompt + n_out, dtype=torch.float32)
+    behavior[n_prompt:] = torch.tensor(gen.logprobs, dtype=torch.float32)
+    versions = torch.full((n_prompt + n_out,), -1, dtype=torch.int64)
+    versions[n_prompt:] = torch.tensor(gen.versions, dtype=torch.int64)
+    return Trajectory(
+        input_ids=torch.tensor(gen.prompt_ids + gen.output_ids, dtype=torch.int64),
+        loss_mask=mask,
+        behavior_logprobs=behavior,
+        versions=versions,
+        reward=0.0,
+        group_id="consistency",
+    )

@@ -1,0 +1,123 @@
+"""HTTP calls from an engine adapter to its inference server, with errors that say why.
+
+Owns: one pooled `httpx.AsyncClient` per server, JSON in and out, and turning every
+failure into EngineError naming the server, the URL and the cause: a refused or
+dropped connection (with the last lines of the server's log when looprl launched it
+and it has exited), an error status (with the server's own message), a body that is
+not JSON. Control calls (pause, reload, resume) are retried once on a dropped
+connection: a server may close a kept-alive connection after an error response, and
+those calls are idempotent. Generation calls are not retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from looprl.engines.base import EngineError
+from looprl.engines.server_process import ServerProcess
+
+
+class ServerClient:
+    """Talks to the server at `url` (`name` is used in messages, e.g. "vLLM server").
+
+    `process` is the server's process when looprl launched it, for its log in errors.
+    `timeout_s` bounds one call; a generation is also bounded by rollout.timeout_s.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str,
+        process: ServerProcess | None = None,
+        timeout_s: float = 3600.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.name = name
+        self.process = process
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits)
+
+    async def get(self, path: str) -> Any:
+        return await self._call("GET", path, retry=True)
+
+    async def post(
+        self,
+        path: str,
+        body: dict | None = None,
+        *,
+        params: dict | None = None,
+        retry: bool = False,
+    ) -> Any:
+        """POST `body` as JSON; returns the decoded reply (None for an empty one)."""
+        return await self._call("POST", path, body=body, params=params, retry=retry)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict | None = None,
+        params: dict | None = None,
+        retry: bool,
+    ) -> Any:
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = await self._client.request(method, path, json=body, params=params)
+                break
+            except httpx.TransportError as e:
+                if attempt + 1 < attempts:
+                    continue
+                raise EngineError(self._unreachable(path, e)) from e
+        if response.status_code >= 400:
+            raise EngineError(
+                f"the {self.name} at {self.url} answered {method} {path} with "
+                f"{response.status_code}: {_message(response)}"
+            )
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as e:
+            raise EngineError(
+                f"the {self.name} at {self.url} answered {method} {path} with a body that is "
+                f"not JSON: {response.text[:200]!r}"
+            ) from e
+
+    def _unreachable(self, path: str, error: Exception) -> str:
+        message = (
+            f"the {self.name} at {self.url} could not be reached for {path} "
+            f"({type(error).__name__}: {error})"
+        )
+        if self.process is not None and not self.process.alive:
+            message += (
+                f"; it has exited. Last lines of its log {self.process.log_path}:\n"
+                f"{self.process.log_tail()}"
+            )
+        elif self.process is None:
+            message += "; check that it is running (engine.url)"
+        return message
+
+
+def _message(response: httpx.Response) -> str:
+    """The server's own error message: OpenAI-style {"error": {"message"}} or the text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if key in body:
+                return str(body[key])
+    return str(body)[:500]

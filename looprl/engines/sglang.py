@@ -1,0 +1,264 @@
+"""The SGLang engine: generation and weight reloads through SGLang's native HTTP API.
+
+Owns: the Engine protocol over an SGLang server that looprl launched on GPUs (`launch`:
+`python -m sglang.launch_server` from engine.venv, default .venv-sglang, its log in
+<run_dir>/logs/sglang-0.log) or that already runs (`connect`). SGLang needs CUDA: on a
+machine without GPUs only `connect` (to a server elsewhere) works. Verified here only
+against a loopback server speaking the same protocol (tests/sglang_protocol.py), not
+against SGLang itself.
+
+The protocol followed, from sgl-project/sglang: docs/basic_usage/sampling_params.md
+(the /generate request), python/sglang/srt/entrypoints/http_server.py (/generate,
+/update_weights_from_disk, /pause_generation, /continue_generation, /flush_cache,
+/health, /get_model_info), python/sglang/srt/managers/io_struct.py
+(UpdateWeightFromDiskReqInput, PauseGenerationReqInput modes) and tokenizer_manager.py
+(the reply: `output_ids`, `meta_info.finish_reason` {"type", "matched"},
+`meta_info.output_token_logprobs` as [logprob, token id, text] and
+`output_top_logprobs` per token):
+
+- generate: POST /generate {input_ids, sampling_params, return_logprob, top_logprobs_num}
+  with `no_stop_trim` so a stop string stays in the text as its tokens stay in the ids.
+- Logprobs: SGLang's sampler (python/sglang/srt/layers/sampler.py) reports
+  log_softmax(logits / temperature), before top-k, top-p and min-p (greedy: the
+  untempered model's). That is the sampled distribution's only without truncation, so
+  a request with top_k or top_p set is refused rather than given wrong logprobs.
+- update_weights: the state dict is written to <run_dir>/weights/v<version>, then
+  pause (our requests drained by `RequestGate`, then POST /pause_generation
+  {"mode": "retract"}), POST /update_weights_from_disk {model_path, weight_version,
+  flush_cache}, POST /continue_generation. Each generation is sampled by one version,
+  the one it started with (see vllm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from looprl.config import EngineConfig
+from looprl.engines.base import EngineError
+from looprl.engines.request_gate import RequestGate
+from looprl.engines.server_client import ServerClient
+from looprl.engines.server_process import ServerError, ServerProcess, free_port
+from looprl.engines.weight_folder import WeightFolder
+from looprl.types import FinishReason, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VENV = ".venv-sglang"
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class SGLangEngine:
+    """Serves `generate` from the SGLang server at `client.url`; see the module docstring.
+    Build one with `launch` or `connect`."""
+
+    def __init__(
+        self,
+        client: ServerClient,
+        *,
+        weights: WeightFolder,
+        server: ServerProcess | None = None,
+        version: int = 0,
+    ) -> None:
+        self._client = client
+        self._weights = weights
+        self._server = server
+        self._version = version
+        self._gate = RequestGate()
+        self._control_lock = asyncio.Lock()
+        self._paused = False
+
+    @classmethod
+    async def launch(
+        cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path, served_name: str
+    ) -> SGLangEngine:
+        """Write `model`'s weights as version 0 and start an SGLang server on them."""
+        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
+        python = Path(cfg.venv or DEFAULT_VENV) / "bin" / "python"
+        if not python.exists():
+            weights.remove()
+            raise EngineError(
+                f"engine.venv={str(python.parent.parent)!r} has no bin/python; create a venv "
+                "with SGLang installed (`pip install sglang`, on a CUDA machine) or point "
+                "engine.venv at one"
+            )
+        port = free_port()
+        process = ServerProcess(
+            sglang_command(cfg, python, model_dir, port, served_name),
+            url=f"http://127.0.0.1:{port}",
+            log_path=Path(run_dir) / "logs" / "sglang-0.log",
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            name="SGLang server",
+        )
+        log.info("Starting an SGLang server for the engine; its log: %s", process.log_path)
+        try:
+            await asyncio.to_thread(process.start)
+        except ServerError as e:
+            weights.remove()
+            raise EngineError(str(e)) from e
+        client = ServerClient(process.url, name="SGLang server", process=process)
+        return cls(client, weights=weights, server=process)
+
+    @classmethod
+    async def connect(
+        cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path
+    ) -> SGLangEngine:
+        """Use the server at engine.url and load `model`'s weights into it as version 0."""
+        assert cfg.url is not None, "connect needs engine.url"
+        client = ServerClient(cfg.url, name="SGLang server")
+        info = await client.get("/get_model_info")
+        if not info.get("is_generation", True):
+            await client.close()
+            raise EngineError(
+                f"the SGLang server at {cfg.url} serves {info.get('model_path')!r}, which is "
+                "not a generative model"
+            )
+        engine = cls(
+            client,
+            weights=WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype),
+        )
+        await engine.update_weights(model.state_dict(), 0)
+        return engine
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Sample a continuation; waits while a weight reload is under way."""
+        if not prompt_ids:
+            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+        if sampling.temperature > 0 and (sampling.top_k or sampling.top_p < 1):
+            raise EngineError(
+                f"top_k={sampling.top_k}, top_p={sampling.top_p}: SGLang reports logprobs "
+                "before top-k/top-p truncation, not those of the distribution it samples "
+                "from; use sampling.top_k=0 and sampling.top_p=1 with engine.type=sglang, or "
+                "engine.type=vllm"
+            )
+        if sampling.seed is not None:
+            raise EngineError(
+                f"seed={sampling.seed}: the SGLang engine does not pass per-request seeds "
+                "(SGLang honors them only with --enable-deterministic-inference); set "
+                "rollout.seeded=false or use engine.type=vllm"
+            )
+        params = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "stop": sampling.stop,
+            "stop_token_ids": sampling.stop_token_ids,
+            "no_stop_trim": True,
+            "skip_special_tokens": False,
+        }
+        body = {
+            "input_ids": list(prompt_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "top_logprobs_num": sampling.top_logprobs,
+        }
+        async with self._gate.request():
+            version = self._version
+            reply = await self._client.post("/generate", body)
+        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self._client.url)
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Write `state_dict` as `version`, then load it in the server between requests."""
+        path = await asyncio.to_thread(self._weights.write, state_dict, version)
+        was_paused = self._paused
+        await self.pause()
+        try:
+            body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+            reply = await self._client.post("/update_weights_from_disk", body, retry=True)
+            if not reply.get("success", False):
+                raise EngineError(
+                    f"the SGLang server at {self._client.url} did not load {path}: "
+                    f"{reply.get('message')}"
+                )
+            self._version = version
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def pause(self) -> None:
+        """Let requests in flight finish, hold new ones, and pause the server."""
+        async with self._control_lock:
+            if self._paused:
+                return
+            await self._gate.close()
+            try:
+                await self._client.post("/pause_generation", {"mode": "retract"}, retry=True)
+            except EngineError:
+                self._gate.open()
+                raise
+            self._paused = True
+
+    async def resume(self) -> None:
+        async with self._control_lock:
+            if not self._paused:
+                return
+            await self._client.post("/continue_generation", {}, retry=True)
+            self._paused = False
+            self._gate.open()
+
+    async def stop(self) -> None:
+        """Close the connection, stop the server looprl launched, delete the weights."""
+        await self._client.close()
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+        self._weights.remove()
+
+
+def sglang_command(
+    cfg: EngineConfig, python: Path, model_dir: Path, port: int, served_name: str
+) -> list[str]:
+    """`python -m sglang.launch_server` with the engine options passed through."""
+    cmd = [str(python), "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype]
+    cmd += ["--served-model-name", served_name, "--tp-size", str(cfg.tensor_parallel_size)]
+    if cfg.gpu_memory_fraction is not None:
+        cmd += ["--mem-fraction-static", str(cfg.gpu_memory_fraction)]
+    if cfg.attention_backend is not None:
+        cmd += ["--attention-backend", cfg.attention_backend]
+    if cfg.max_model_len is not None:
+        cmd += ["--context-length", str(cfg.max_model_len)]
+    return cmd + list(cfg.server_args)
+
+
+def _generation(
+    reply: dict, prompt_ids: list[int], version: int, top_logprobs: int, url: str
+) -> Generation:
+    meta = reply["meta_info"]
+    finish = meta["finish_reason"]
+    finish_reason = _FINISH_REASONS.get(finish["type"] if finish else "")
+    if finish_reason is None:
+        raise EngineError(
+            f"the SGLang server at {url} ended a generation with finish_reason={finish!r}; "
+            f"looprl knows {sorted(_FINISH_REASONS)}"
+        )
+    output_ids = list(reply["output_ids"])
+    # [logprob, token id, text or None] per generated token
+    steps = meta["output_token_logprobs"]
+    if [int(s[1]) for s in steps] != output_ids:
+        raise EngineError(
+            f"the SGLang server at {url} returned {len(output_ids)} output ids but logprobs for "
+            f"{len(steps)} other tokens; looprl needs one logprob per output token"
+        )
+    top = None
+    if top_logprobs:
+        top = [
+            [(int(t[1]), float(t[0])) for t in step][:top_logprobs]
+            for step in meta["output_top_logprobs"]
+        ]
+    return Generation(
+        prompt_ids=list(prompt_ids),
+        output_ids=output_ids,
+        logprobs=[float(s[0]) for s in steps],
+        versions=[version] * len(output_ids),
+        finish_reason=finish_reason,
+        top_logprobs=top,
+    )

@@ -1,0 +1,291 @@
+"""The vLLM engine: generation and weight reloads through a vLLM server's HTTP API.
+
+Owns: the Engine protocol over a vLLM (0.32) OpenAI-compatible server that looprl
+launched (`launch`: its log in <run_dir>/logs/vllm-0.log) or that already runs
+(`connect`). Does not own the server's process (`vllm_server.py`) or the weight files
+(`weight_folder.py`).
+
+- generate: POST /v1/completions with the prompt as token ids, `return_token_ids` and
+  `logprobs` (the sampled token's, plus `top_logprobs` more, as `token_id:N` keys).
+  The server runs with `--logprobs-mode processed_logprobs`, so logprobs are those of
+  the distribution sampled from, after temperature, top-k and top-p (greedy: the
+  untempered model's), as a Generation requires. Stop strings stay in the output ids
+  (`include_stop_str_in_output`), EOS is kept as the local engine keeps it.
+- update_weights: the state dict is written to <run_dir>/weights/v<version> (safetensors,
+  atomically), then the server is paused, reloads it in place (POST /collective_rpc
+  `reload_weights` with `weights_path`; 0.3-1.2 s for SmolLM2-135M on CPU), drops its
+  prefix cache (KV of the old weights), records the version (/update_weight_version)
+  and resumes.
+- pause waits until every request of ours in flight has finished (`RequestGate`, then
+  POST /pause?mode=wait for anyone else's), so the version cannot change under a
+  running request: each generation is sampled by one version, the one it started
+  with, and all its tokens carry it. Requests made while paused wait and run on the
+  new weights. (The local engine instead halts mid-sequence and re-prefills with the
+  new weights; vLLM's `mode=keep` would continue running requests on the new weights,
+  but /v1/completions does not say which of their tokens came before the reload.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from looprl.config import EngineConfig
+from looprl.engines.base import EngineError
+from looprl.engines.request_gate import RequestGate
+from looprl.engines.server_client import ServerClient
+from looprl.engines.server_process import ServerError
+from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.weight_folder import WeightFolder
+from looprl.types import FinishReason, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VENV = ".venv-vllm"
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMEngine:
+    """Serves `generate` from the vLLM server at `client.url` under `served_name`.
+
+    `weights` is where new weights are written for the server to read; `server` is the
+    process looprl launched (None when connected to a running one). Build one with
+    `launch` or `connect`.
+    """
+
+    def __init__(
+        self,
+        client: ServerClient,
+        *,
+        served_name: str,
+        max_model_len: int,
+        weights: WeightFolder,
+        server: VLLMServer | None = None,
+        version: int = 0,
+    ) -> None:
+        self._client = client
+        self.served_name = served_name
+        self.max_model_len = max_model_len
+        self._weights = weights
+        self.server = server
+        self._version = version
+        self._gate = RequestGate()
+        self._control_lock = asyncio.Lock()
+        self._paused = False
+
+    @classmethod
+    async def launch(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model: nn.Module,
+        tokenizer,
+        run_dir: Path,
+        served_name: str,
+        gpus: int,
+    ) -> VLLMEngine:
+        """Write `model`'s weights as version 0 and start a server on them (~30 s on CPU
+        with --enforce-eager in engine.server_args, ~100 s compiled)."""
+        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
+        python = _python(cfg, gpus)
+        server = VLLMServer(
+            python,
+            model_dir,
+            Path(run_dir) / "logs" / "vllm-0.log",
+            served_name=served_name,
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            kv_cache_gib=cfg.kv_cache_gib,
+            extra_args=cfg.server_args,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_fraction=cfg.gpu_memory_fraction,
+            attention_backend=cfg.attention_backend,
+            gpus=gpus,
+        )
+        log.info("Starting a vLLM server for the engine; its log: %s", server.log_path)
+        try:
+            await asyncio.to_thread(server.start)
+        except ServerError as e:
+            weights.remove()
+            raise EngineError(str(e)) from e
+        client = ServerClient(server.url, name="vLLM server", process=server.process)
+        served, max_model_len = await _model_card(client)
+        return cls(
+            client, served_name=served, max_model_len=max_model_len, weights=weights, server=server
+        )
+
+    @classmethod
+    async def connect(
+        cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path
+    ) -> VLLMEngine:
+        """Use the server at engine.url: check that it can pause and reload and reports
+        the logprobs a Generation needs, then load `model`'s weights into it as version 0
+        (so it may have been started from any checkpoint of the same architecture)."""
+        assert cfg.url is not None, "connect needs engine.url"
+        client = ServerClient(cfg.url, name="vLLM server")
+        try:
+            await client.get("/health")
+            try:
+                info = await client.get("/server_info?config_format=json")
+            except EngineError as e:
+                raise EngineError(
+                    f"{e}. looprl pauses the server and reloads weights through vLLM's "
+                    "development endpoints: start it with VLLM_SERVER_DEV_MODE=1"
+                ) from e
+            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
+            if mode != "processed_logprobs":
+                raise EngineError(
+                    f"the vLLM server at {cfg.url} reports logprobs_mode={mode!r}: logprobs "
+                    "before temperature/top-k/top-p, not those of the distribution sampled "
+                    "from; restart it with --logprobs-mode processed_logprobs"
+                )
+            served, max_model_len = await _model_card(client)
+        except BaseException:
+            await client.close()
+            raise
+        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+        engine = cls(client, served_name=served, max_model_len=max_model_len, weights=weights)
+        await engine.update_weights(model.state_dict(), 0)
+        return engine
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Sample a continuation; waits while a weight reload is under way."""
+        if not prompt_ids:
+            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+        body = {
+            "model": self.served_name,
+            "prompt": list(prompt_ids),
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or -1,
+            "stop": sampling.stop,
+            "stop_token_ids": sampling.stop_token_ids,
+            "include_stop_str_in_output": True,
+            "logprobs": sampling.top_logprobs,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        async with self._gate.request():
+            version = self._version
+            reply = await self._client.post("/v1/completions", body)
+        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self._client.url)
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Write `state_dict` as `version`, then reload it in the server between requests."""
+        path = await asyncio.to_thread(self._weights.write, state_dict, version)
+        was_paused = self._paused
+        await self.pause()
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            await self._client.post("/collective_rpc", rpc, retry=True)
+            await self._client.post("/reset_prefix_cache", retry=True)
+            await self._client.post("/update_weight_version", {"new_version": str(version)})
+            self._version = version
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def pause(self) -> None:
+        """Let requests in flight finish, hold new ones, and pause the server."""
+        async with self._control_lock:
+            if self._paused:
+                return
+            await self._gate.close()
+            try:
+                await self._client.post("/pause", params={"mode": "wait"}, retry=True)
+            except EngineError:
+                self._gate.open()
+                raise
+            self._paused = True
+
+    async def resume(self) -> None:
+        async with self._control_lock:
+            if not self._paused:
+                return
+            await self._client.post("/resume", retry=True)
+            self._paused = False
+            self._gate.open()
+
+    async def stop(self) -> None:
+        """Close the connection, stop the server looprl launched, delete the weights."""
+        await self._client.close()
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+        self._weights.remove()
+
+
+def _python(cfg: EngineConfig, gpus: int) -> Path:
+    """The server's python: engine.venv's; the default venv is created on CPU machines."""
+    venv = Path(cfg.venv or DEFAULT_VENV)
+    python = venv / "bin" / "python"
+    if python.exists():
+        return python
+    if gpus == 0 and cfg.venv is None:
+        try:
+            return ensure_vllm_venv(venv)
+        except ServerError as e:
+            raise EngineError(f"{e}; or give a venv holding vLLM as engine.venv") from e
+    raise EngineError(
+        f"engine.venv={str(venv)!r} has no bin/python; create it with vLLM installed "
+        f"(`python -m venv {venv} && {venv}/bin/pip install vllm`) or point engine.venv "
+        "at one"
+    )
+
+
+async def _model_card(client: ServerClient) -> tuple[str, int]:
+    """The served model's name and context length, from /v1/models."""
+    models = (await client.get("/v1/models"))["data"]
+    if len(models) != 1:
+        raise EngineError(
+            f"the vLLM server at {client.url} serves {len(models)} models "
+            f"({[m['id'] for m in models]}); the engine needs exactly one"
+        )
+    return models[0]["id"], int(models[0]["max_model_len"])
+
+
+def _generation(
+    reply: dict, prompt_ids: list[int], version: int, top_logprobs: int, url: str
+) -> Generation:
+    choice = reply["choices"][0]
+    output_ids = choice["token_ids"]
+    finish_reason = _FINISH_REASONS.get(choice["finish_reason"])
+    if finish_reason is None:
+        raise EngineError(
+            f"the vLLM server at {url} ended a generation with finish_reason="
+            f"{choice['finish_reason']!r} ({choice.get('stop_reason')!r}); looprl knows "
+            f"{sorted(_FINISH_REASONS)}"
+        )
+    logprobs = choice["logprobs"]
+    top = None
+    if top_logprobs:
+        top = [
+            sorted(
+                ((int(key.removeprefix("token_id:")), value) for key, value in step.items()),
+                key=lambda pair: -pair[1],
+            )[:top_logprobs]
+            for step in logprobs["top_logprobs"]
+        ]
+    return Generation(
+        prompt_ids=list(prompt_ids),
+        output_ids=output_ids,
+        logprobs=logprobs["token_logprobs"],
+        versions=[version] * len(output_ids),
+        finish_reason=finish_reason,
+        top_logprobs=top,
+    )
