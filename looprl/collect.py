@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from looprl.agent_process import AgentProcess
 from looprl.config import Config
 from looprl.rollout import RolloutResult, check_reward
 from looprl.scheduling.local import launch_local
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 def workflow_for(cfg: Config, task) -> Any:
     """The configured workflow; the built-in RLVR workflow gets the task's reward."""
     kwargs = dict(cfg.workflow.kwargs)
+    if cfg.workflow.mode == "subprocess":
+        return AgentProcess(cfg.workflow.command, **kwargs)
     if cfg.workflow.path == "looprl.workflow:RLVRWorkflow":
         kwargs.setdefault("reward_fn", task.reward_fn)
         kwargs.setdefault("prompt_field", task.prompt_field)

@@ -209,13 +209,46 @@ class TaskConfig(Section):
 
 
 class WorkflowConfig(Section):
+    mode: Literal["python", "subprocess"] = Field(
+        "python",
+        description="'python': the workflow at workflow.path runs in this process; "
+        "'subprocess': workflow.command runs once per rollout (any language), reads "
+        "OPENAI_BASE_URL / OPENAI_API_KEY / LOOPRL_DATA and posts its reward to "
+        "LOOPRL_REWARD_URL.",
+    )
     path: str = Field(
         "looprl.workflow:RLVRWorkflow",
         description="The agent: 'module:Name' of a Workflow class, instance or async function.",
     )
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for the workflow class."
+        default_factory=dict,
+        description="Keyword arguments for the workflow class (subprocess: for "
+        "looprl.agent_process.AgentProcess: env, cwd, kill_grace_s).",
     )
+    command: str | list[str] | None = Field(
+        None,
+        description="subprocess: the agent's command line, a string (split like a shell "
+        "does) or a list of arguments.",
+    )
+
+    @model_validator(mode="after")
+    def _command_goes_with_subprocess(self) -> WorkflowConfig:
+        if self.mode == "subprocess" and not self.command:
+            raise ValueError(
+                "workflow.mode=subprocess needs workflow.command, e.g. "
+                "workflow.command='python my_agent.py'"
+            )
+        if self.mode == "python" and self.command:
+            raise ValueError(
+                f"workflow.command={self.command!r} is only run with workflow.mode=subprocess; "
+                "set it, or remove workflow.command"
+            )
+        if self.mode == "subprocess" and "path" in self.model_fields_set:
+            raise ValueError(
+                f"workflow.path={self.path!r} is not used with workflow.mode=subprocess "
+                "(the agent is workflow.command); remove one of them"
+            )
+        return self
 
 
 class RolloutConfig(Section):
@@ -251,6 +284,18 @@ class RolloutConfig(Section):
         "concat",
         description="Multi-call sessions: one concatenated sample when the prompts "
         "extend each other (else per call), or always one sample per call.",
+    )
+    reward_assignment: Literal["broadcast", "last_call"] = Field(
+        "broadcast",
+        description="A rollout's single reward goes to every call (times reward_discount "
+        "per later call) or to the last call only (earlier calls get 0). Per-call rewards "
+        "(a dict, or posted with a completion_id) are used as given.",
+    )
+    reward_discount: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="broadcast: call k of K gets reward * reward_discount ** (K - 1 - k).",
     )
 
     @model_validator(mode="after")

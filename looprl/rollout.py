@@ -64,6 +64,7 @@ class SessionHandle(Protocol):
 class RecordedSession(Protocol):
     interactions: list[Interaction]
     reward: float | dict[str, float] | None
+    tool_call_errors: int
 
 
 class SessionHost(Protocol):
@@ -151,8 +152,11 @@ def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any
         "sampled_tokens": tokens,
         "rollout_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
         "elapsed_s": elapsed_s,
+        "calls": export["calls"],
         "concat_breaks": export["concat_breaks"],
+        "concat_broken_sessions": export["concat_broken_sessions"],
         "unrewarded_calls": export["unrewarded_calls"],
+        "tool_call_errors": export["tool_call_errors"],
     }
 
 
@@ -252,14 +256,25 @@ class RolloutController:
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
         if reward is None:
             return RolloutOutcome(group_id, "rejected", elapsed_s=elapsed, started=start)
-        trajectories, export_stats = build_trajectories(
+        trajectories, export_stats, breaks = build_trajectories(
             session.interactions,
             reward,
             self.cfg.trajectory_mode,
+            assignment=self.cfg.reward_assignment,
+            discount=self.cfg.reward_discount,
             group_id=group_id,
             session_id=handle.id,
             decode=self.decode,
         )
+        export_stats["tool_call_errors"] = session.tool_call_errors
+        if breaks and "concat_break" not in self._errors_logged:
+            self._errors_logged.add("concat_break")
+            log.warning(
+                "A session's calls could not be concatenated into one sample, so it trains "
+                "as %d samples: %s (later breaks are only counted as concat_breaks)",
+                len(breaks) + 1,
+                breaks[0],
+            )
         if not trajectories:
             error = (
                 "NoTrajectory: the workflow made no model call through its base_url "

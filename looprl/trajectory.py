@@ -10,9 +10,14 @@ assigning rewards. Built once here, so the loss mask is validated in one place.
   edited history, or re-tokenizing the text gave other ids) a new sample starts there,
   and the break is counted in the stats.
 
-Rewards: a float applies to every sample of the rollout. A dict {completion_id: reward}
-gives per-call credit, so it always exports per call; calls it does not name are dropped
-and counted.
+Rewards. A float R is the rollout's reward; with K calls (empty ones left out), call k
+(0-based, in the order the calls finished) gets
+- `broadcast`: R * discount ** (K - 1 - k): every call shares the outcome, earlier calls
+  less when discount < 1 (discount = 1: all get R);
+- `last_call`: R for the last call, 0 for the others.
+A concatenated sample gets the reward of its last call. A dict {completion_id: reward}
+gives per-call credit as it is (no discount), so it always exports per call; calls it
+does not name are dropped and counted.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from looprl.types import Interaction, Trajectory
 
 TrajectoryMode = Literal["concat", "per_call"]
+RewardAssignment = Literal["broadcast", "last_call"]
 
 
 def build_trajectories(
@@ -32,50 +38,110 @@ def build_trajectories(
     reward: float | dict[str, float],
     mode: TrajectoryMode = "concat",
     *,
+    assignment: RewardAssignment = "broadcast",
+    discount: float = 1.0,
     group_id: str = "",
     session_id: str = "",
     decode: Callable[[list[int]], str] | None = None,
-) -> tuple[list[Trajectory], dict[str, int]]:
-    """Return the samples of one rollout and counts of what was merged or dropped."""
+) -> tuple[list[Trajectory], dict[str, int], list[str]]:
+    """The samples of one rollout, counts of what was merged or dropped, and why each
+    concatenation broke (one sentence per break, naming the call and the token)."""
     stats = {
         "calls": len(interactions),
         "empty_calls": 0,
         "unrewarded_calls": 0,
         "concat_breaks": 0,
+        "concat_broken_sessions": 0,
     }
     calls = [it for it in interactions if it.output_ids]
     stats["empty_calls"] = len(interactions) - len(calls)
+    reasons: list[str] = []
 
     if isinstance(reward, dict):
         rewarded = [it for it in calls if it.completion_id in reward]
         stats["unrewarded_calls"] = len(calls) - len(rewarded)
         segments = [([it], float(reward[it.completion_id])) for it in rewarded]
-    elif mode == "per_call":
-        segments = [([it], float(reward)) for it in calls]
     else:
-        chains = _chain(calls)
-        stats["concat_breaks"] = max(len(chains) - 1, 0)
-        segments = [(chain, float(reward)) for chain in chains]
+        per_call = call_rewards(float(reward), len(calls), assignment, discount)
+        by_id = {id(it): r for it, r in zip(calls, per_call, strict=True)}
+        if mode == "per_call":
+            chains = [[it] for it in calls]
+        else:
+            chains, reasons = _chain(calls, decode)
+            stats["concat_breaks"] = len(reasons)
+            stats["concat_broken_sessions"] = int(bool(reasons))
+        segments = [(chain, by_id[id(chain[-1])]) for chain in chains]
 
     samples = [
         _assemble(chain, r, group_id=group_id, session_id=session_id, decode=decode)
         for chain, r in segments
     ]
-    return samples, stats
+    return samples, stats, reasons
 
 
-def _chain(calls: list[Interaction]) -> list[list[Interaction]]:
-    """Split calls into maximal runs where each prompt extends the previous prompt+output."""
+def call_rewards(
+    reward: float, calls: int, assignment: RewardAssignment, discount: float
+) -> list[float]:
+    """Each call's share of a rollout reward, in call order (see the module docstring).
+
+    >>> call_rewards(1.0, 3, "broadcast", 0.5)
+    [0.25, 0.5, 1.0]
+    >>> call_rewards(1.0, 3, "last_call", 0.5)
+    [0.0, 0.0, 1.0]
+    """
+    if assignment == "last_call":
+        return [0.0] * (calls - 1) + [reward] if calls else []
+    return [reward * discount ** (calls - 1 - k) for k in range(calls)]
+
+
+def _chain(
+    calls: list[Interaction], decode: Callable[[list[int]], str] | None
+) -> tuple[list[list[Interaction]], list[str]]:
+    """Split calls into maximal runs where each prompt extends the previous prompt+output,
+    with the reason for each split."""
     chains: list[list[Interaction]] = []
+    reasons: list[str] = []
     tokens: list[int] = []
-    for it in calls:
+    for k, it in enumerate(calls):
         if chains and it.prompt_ids[: len(tokens)] == tokens and len(it.prompt_ids) >= len(tokens):
             chains[-1].append(it)
-            tokens = it.prompt_ids + it.output_ids
+        elif chains:
+            chains.append([it])
+            reasons.append(_break_reason(k, tokens, it.prompt_ids, decode))
         else:
             chains.append([it])
-            tokens = it.prompt_ids + it.output_ids
-    return chains
+        tokens = it.prompt_ids + it.output_ids
+    return chains, reasons
+
+
+def _break_reason(
+    k: int, before: list[int], prompt: list[int], decode: Callable[[list[int]], str] | None
+) -> str:
+    """Why call k's prompt does not extend the tokens of the calls before it."""
+    at = next(
+        (i for i, (a, b) in enumerate(zip(before, prompt, strict=False)) if a != b),
+        len(prompt),
+    )
+    if at == len(prompt):
+        return (
+            f"call {k + 1}'s prompt ({len(prompt)} tokens) is shorter than the "
+            f"{len(before)} tokens before it: the agent dropped or rewrote history"
+        )
+    if decode is None:
+        sampled, rendered = before[at : at + 6], prompt[at : at + 6]
+    else:  # token by token, so a different split of the same text shows
+        sampled = [decode([t]) for t in before[at : at + 6]]
+        rendered = [decode([t]) for t in prompt[at : at + 6]]
+    why = ""
+    if decode is not None and decode(prompt[at:]).startswith(decode(before[at:])):
+        why = (
+            " (the same text split into other tokens: re-tokenizing it does not give the "
+            "ids sampled)"
+        )
+    return (
+        f"call {k + 1}'s prompt differs from what was sampled before it at token {at}: "
+        f"sampled {sampled}, re-rendered {rendered}{why}"
+    )
 
 
 def _assemble(

@@ -26,12 +26,18 @@ Where it departs from OpenAI:
 - The n choices are sampled independently; with `seed`, choice i uses `seed + i`.
 - A message's text parts are joined with "\\n", as vLLM does.
 - Responses also carry `prompt_token_ids` and per-choice `token_ids`, as vLLM does.
+- Tool calls (`tools`, `tool_choice`, `parallel_tool_calls`; tools.py says how they
+  are rendered and parsed) come back with finish_reason "tool_calls"; a streamed choice
+  sends its calls whole in one delta. Output that looks like a call but does not parse
+  is returned as content and counted (`/health` shows `tool_call_errors`).
+- `developer` messages are treated as `system` ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -49,8 +55,11 @@ from transformers import PreTrainedTokenizerBase
 
 from looprl.config import SamplingConfig
 from looprl.engines.base import Engine, EngineError
+from looprl.gateway import tools as tools_lib
 from looprl.gateway.sessions import Session, SessionStore, sampling_fields
 from looprl.types import Generation, Interaction, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MAX_N = 128  # choices per request: bounds the work one request can queue
 MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
@@ -66,14 +75,68 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template and tools.render_messages take it."""
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -100,6 +163,32 @@ class ChatRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatRequest:
+        names = [t.function.name for t in self.tools or []]
+        if self.tool_choice not in (None, "none") and not names:
+            raise ValueError(f"tool_choice={self._choice()!r} needs tools")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names {choice.function.name!r}, which is not among the tools "
+                f"({', '.join(names)})"
+            )
+        return self
+
+    def _choice(self) -> str | dict | None:
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, BaseModel) else choice
+
+    def active_tools(self) -> tuple[list[dict], str | dict | None]:
+        """The tool definitions the model sees and the tool_choice, or ([], None)."""
+        if not self.tools or self.tool_choice == "none":
+            return [], None
+        return [t.model_dump(exclude_none=True) for t in self.tools], self._choice()
 
 
 class CompletionRequest(SamplingRequest):
@@ -179,6 +268,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
     if len(got) > 200:
         got = got[:196] + "...)"
+    if not param and err["type"] == "value_error":  # a check across fields of the request
+        return APIError(400, err["msg"].removeprefix("Value error, "))
     if not param:
         return APIError(
             400,
@@ -270,7 +361,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_name, "open_sessions": len(store)}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "open_sessions": len(store),
+            "tool_call_errors": gateway.tool_call_errors,
+        }
 
     return app
 
@@ -291,6 +387,8 @@ class _Gateway:
         self.model_name = model_name
         self.defaults = defaults
         self.max_model_len = max_model_len
+        self.native_tools = tools_lib.template_renders_tools(tokenizer.chat_template)
+        self.tool_call_errors = 0  # outputs that looked like a tool call but did not parse
 
     def router(self, get_session: Callable[..., Session | None]) -> APIRouter:
         router = APIRouter()
@@ -322,28 +420,39 @@ class _Gateway:
     # ---- chat ----------------------------------------------------------------------
 
     async def chat(self, request: Request, req: ChatRequest, session: Session | None):
-        conversation = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            prompt_ids = self.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        except TemplateError as e:
-            raise APIError(
-                400, f"the model's chat template rejected the messages: {e}", "messages"
-            ) from None
-        prompt_ids = list(prompt_ids)
+        tools, tool_choice = req.active_tools()
+        prefix = tools_lib.forced_prefix(tool_choice)
+        prompt_ids = self._chat_prompt(req, tools, prefix, session)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0
         sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
         call = _Call(
             f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", "chat.completion.chunk", prompt_ids
         )
+        tool_names = {t["function"]["name"] for t in tools}
+        parallel = req.parallel_tool_calls is not False
+
+        def message(text: str, finish: str) -> tuple[dict, str]:
+            """The assistant message of one choice, its calls parsed out when tools are on."""
+            if not tools:
+                return {"role": "assistant", "content": text}, finish
+            parsed = tools_lib.parse_tool_calls(prefix + text, tool_names, parallel)
+            if parsed.error:
+                self._count_tool_call_error(parsed.error, session)
+            if not parsed.tool_calls:
+                return {"role": "assistant", "content": parsed.content}, finish
+            if session is not None:
+                for tool_call in parsed.tool_calls:
+                    session.sampled_texts[tool_call["id"]] = prefix + text
+            content = {"role": "assistant", "content": parsed.content}
+            return {**content, "tool_calls": parsed.tool_calls}, "tool_calls"
 
         def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
             logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
+            msg, finish = message(text, finish)
             return {
                 "index": index,
-                "message": {"role": "assistant", "content": text},
+                "message": msg,
                 "logprobs": logprobs,
                 "finish_reason": finish,
                 "token_ids": gen.output_ids,
@@ -351,7 +460,11 @@ class _Gateway:
 
         def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
             logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
-            delta = {"role": "assistant", "content": text}
+            delta, finish = message(text, finish)
+            if "tool_calls" in delta:
+                delta["tool_calls"] = [
+                    {"index": i, **tool_call} for i, tool_call in enumerate(delta["tool_calls"])
+                ]
             return [
                 {
                     "index": index,
@@ -364,6 +477,62 @@ class _Gateway:
             ]
 
         return await self._respond(request, call, req, sampling, session, choice, chunks)
+
+    def _chat_prompt(
+        self, req: ChatRequest, tools: list[dict], prefix: str, session: Session | None
+    ) -> list[int]:
+        """Prompt token ids: the messages (and tools) through the chat template, then the
+        forced start of a tool call if any; where the text starts with an earlier call's,
+        that call's exact ids. Raises APIError 400 when the template refuses."""
+        messages = tools_lib.render_messages(
+            [m.for_template() for m in req.messages],
+            tools,
+            native=self.native_tools,
+            sampled_texts=session.sampled_texts if session is not None else {},
+        )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools if self.native_tools and tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except TemplateError as e:
+            raise APIError(
+                400, f"the model's chat template rejected the messages: {e}", "messages"
+            ) from None
+        text += prefix
+        known = self._sampled_prefix(text, session)
+        rest = text[len(self.tokenizer.decode(known)) :] if known else text
+        return known + list(self.tokenizer(rest, add_special_tokens=False).input_ids)
+
+    def _sampled_prefix(self, text: str, session: Session | None) -> list[int]:
+        """The token ids of this session's latest call (prompt + sampled output) when the
+        new prompt's text starts with their text, else [].
+
+        Re-tokenizing a sampled output can split it into other ids than the model
+        sampled (a different but equally valid BPE split); reusing the ids keeps the new
+        prompt an extension of what was sampled, so the session concatenates.
+        """
+        if session is None:
+            return []
+        for it in reversed(session.interactions):
+            ids = it.prompt_ids + it.output_ids
+            if text.startswith(self.tokenizer.decode(ids)):
+                return list(ids)
+        return []
+
+    def _count_tool_call_error(self, error: str, session: Session | None) -> None:
+        """Unparseable calls are answered as plain content, counted, and logged once."""
+        if session is not None:
+            session.tool_call_errors += 1
+        if not self.tool_call_errors:
+            log.warning(
+                "The model's output held a tool call the gateway could not parse; it was "
+                "returned as plain content (later ones are only counted): %s",
+                error,
+            )
+        self.tool_call_errors += 1
 
     def _chat_logprobs(self, gen: Generation) -> list[dict]:
         tokens = self._token_strings(gen.output_ids)

@@ -42,6 +42,8 @@ class Session:
     whole rollout, or {completion_id: reward} for per-call credit.
     `sampling_overrides` holds request fields (keys of OVERRIDABLE) that win over what
     the agent sends, e.g. {"temperature": 0.0} for greedy evaluation.
+    `sampled_texts` lets the gateway render an assistant message carrying tool calls it
+    returned as the exact text the model sampled (so prompts keep extending).
     """
 
     id: str
@@ -49,6 +51,8 @@ class Session:
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     interactions: list[Interaction] = field(default_factory=list)
     reward: Reward | None = None
+    sampled_texts: dict[str, str] = field(default_factory=dict)  # tool call id -> its choice's text
+    tool_call_errors: int = 0  # choices whose tool call could not be parsed
     closed: bool = False
     created_s: float = field(default_factory=time.time)
 
@@ -78,8 +82,9 @@ class Session:
         group_id: str,
         reward: Reward | None = None,
         decode: Callable[[list[int]], str] | None = None,
-    ) -> tuple[list[Trajectory], dict[str, int]]:
-        """Training samples of this session and their stats (see `build_trajectories`).
+    ) -> tuple[list[Trajectory], dict[str, int], list[str]]:
+        """Training samples of this session, their stats and concatenation breaks (see
+        `build_trajectories`).
 
         `reward` (what the workflow returned) wins over a posted reward; with neither,
         raises ValueError.

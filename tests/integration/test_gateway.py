@@ -329,10 +329,10 @@ async def test_reward_in_all_three_shapes(server):
         assert wrong_key.status_code == 401
     assert session.reward == {ids[0]: 1.0, ids[1]: -1.0}
 
-    trajectories, _ = server.close_session(handle.id).export("concat", group_id="g")
+    trajectories, _, _ = server.close_session(handle.id).export("concat", group_id="g")
     assert [t.reward for t in trajectories] == [1.0, -1.0]
     assert all(t.num_sampled_tokens == 2 and t.session_id == handle.id for t in trajectories)
-    trajectories, _ = session.export("per_call", group_id="g", reward=2.0)
+    trajectories, _, _ = session.export("per_call", group_id="g", reward=2.0)
     assert [t.reward for t in trajectories] == [2.0, 2.0]
 
 
@@ -429,7 +429,7 @@ async def test_plain_v1_needs_no_key_and_records_nothing(server):
     assert len(response.choices[0].token_ids) == MAX_NEW_TOKENS
     async with httpx.AsyncClient() as http:
         health = (await http.get(f"{server.url}/health")).json()
-    assert health == {"status": "ok", "model": "tiny", "open_sessions": 0}
+    assert health == {"status": "ok", "model": "tiny", "open_sessions": 0, "tool_call_errors": 0}
 
 
 async def test_sessions_only_without_sessionless(tiny):

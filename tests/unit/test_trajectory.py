@@ -17,7 +17,7 @@ def call(cid, prompt, output, version=0):
 
 
 def test_single_call_mask_is_one_exactly_on_sampled_tokens():
-    (traj,), stats = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0)
+    (traj,), stats, _ = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0)
     assert traj.input_ids.tolist() == [1, 2, 3, 7, 8]
     assert traj.loss_mask.tolist() == [False, False, False, True, True]
     assert traj.loss_mask.dtype == torch.bool and traj.loss_mask.is_contiguous()
@@ -30,30 +30,68 @@ def test_single_call_mask_is_one_exactly_on_sampled_tokens():
 def test_concat_masks_the_tokens_between_calls():
     # second prompt = first prompt + first output + tool result [20, 21]
     calls = [call("a", [1, 2], [5, 6], version=3), call("b", [1, 2, 5, 6, 20, 21], [9], 4)]
-    (traj,), stats = build_trajectories(calls, 0.5, "concat")
+    (traj,), stats, reasons = build_trajectories(calls, 0.5, "concat")
     assert traj.input_ids.tolist() == [1, 2, 5, 6, 20, 21, 9]
     assert traj.loss_mask.int().tolist() == [0, 0, 1, 1, 0, 0, 1]
     assert traj.loss_mask.is_contiguous()
     assert traj.versions.tolist() == [-1, -1, 3, 3, -1, -1, 4]
     assert traj.behavior_logprobs.tolist() == [0, 0, -0.5, -1.5, 0, 0, -0.5]
-    assert stats["concat_breaks"] == 0
+    assert stats["concat_breaks"] == 0 and reasons == []
 
 
 def test_concat_breaks_where_the_prompt_does_not_extend_the_chain():
     # the agent rewrote history: second prompt does not start with [1, 2, 5, 6]
     calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5, 7, 20], [9])]
-    samples, stats = build_trajectories(calls, 1.0, "concat")
+    samples, stats, (reason,) = build_trajectories(calls, 1.0, "concat")
     assert [s.input_ids.tolist() for s in samples] == [[1, 2, 5, 6], [1, 2, 5, 7, 20, 9]]
     assert [s.loss_mask.int().tolist() for s in samples] == [[0, 0, 1, 1], [0, 0, 0, 0, 0, 1]]
-    assert stats["concat_breaks"] == 1
+    assert stats["concat_breaks"] == 1 and stats["concat_broken_sessions"] == 1
+    assert reason == (
+        "call 2's prompt differs from what was sampled before it at token 3: "
+        "sampled [6], re-rendered [7, 20]"
+    )
+
+
+def test_a_break_reason_decodes_tokens_and_names_dropped_history():
+    calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5], [9])]
+    decode = lambda ids: "".join(chr(96 + i) for i in ids)  # noqa: E731
+    _, _, (reason,) = build_trajectories(calls, 1.0, decode=decode)
+    assert reason == (
+        "call 2's prompt (3 tokens) is shorter than the 4 tokens before it: "
+        "the agent dropped or rewrote history"
+    )
+    calls[1].prompt_ids = [1, 2, 5, 7]
+    _, _, (reason,) = build_trajectories(calls, 1.0, decode=decode)
+    assert reason.endswith("at token 3: sampled ['f'], re-rendered ['g']")
+    # the same text in other tokens: "ef" sampled as e + f, re-rendered as one token
+    joined = lambda ids: "".join({27: "ef"}.get(i, chr(96 + i)) for i in ids)  # noqa: E731
+    calls[1].prompt_ids = [1, 2, 27, 8]
+    _, _, (reason,) = build_trajectories(calls, 1.0, decode=joined)
+    assert reason.endswith(
+        "at token 2: sampled ['e', 'f'], re-rendered ['ef', 'h'] (the same text split into "
+        "other tokens: re-tokenizing it does not give the ids sampled)"
+    )
+
+
+def test_a_rollout_reward_is_broadcast_discounted_or_given_to_the_last_call():
+    # three calls; call c does not extend b's tokens, so concat makes [a, b] and [c]
+    calls = [call("a", [1], [5]), call("b", [1, 5, 7], [8]), call("c", [3], [4])]
+    per_call = lambda **kw: [s.reward for s in build_trajectories(calls, 2.0, "per_call", **kw)[0]]  # noqa: E731
+    assert per_call() == [2.0, 2.0, 2.0]
+    assert per_call(discount=0.5) == [0.5, 1.0, 2.0]  # 2 * 0.5**2, 2 * 0.5, 2
+    assert per_call(assignment="last_call", discount=0.5) == [0.0, 0.0, 2.0]
+    concat, _, _ = build_trajectories(calls, 2.0, "concat", discount=0.5)
+    assert [s.reward for s in concat] == [1.0, 2.0]  # a chain gets its last call's reward
+    concat, _, _ = build_trajectories(calls, 2.0, "concat", assignment="last_call")
+    assert [s.reward for s in concat] == [0.0, 2.0]
 
 
 def test_per_call_mode_and_reward_dict():
     calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5, 6, 20], [9]), call("c", [3], [4])]
-    samples, _ = build_trajectories(calls, 2.0, "per_call")
+    samples, _, _ = build_trajectories(calls, 2.0, "per_call")
     assert [s.input_ids.tolist() for s in samples] == [[1, 2, 5, 6], [1, 2, 5, 6, 20, 9], [3, 4]]
     assert [s.loss_mask.int().tolist() for s in samples][1] == [0, 0, 0, 0, 0, 1]
-    samples, stats = build_trajectories(calls, {"a": 1.0, "c": -1.0}, "concat")
+    samples, stats, _ = build_trajectories(calls, {"a": 1.0, "c": -1.0}, "concat", discount=0.5)
     assert [(s.input_ids.tolist(), s.reward) for s in samples] == [
         ([1, 2, 5, 6], 1.0),
         ([3, 4], -1.0),
@@ -62,7 +100,7 @@ def test_per_call_mode_and_reward_dict():
 
 
 def test_empty_outputs_are_dropped_and_counted():
-    samples, stats = build_trajectories([call("a", [1, 2], [])], 1.0)
+    samples, stats, _ = build_trajectories([call("a", [1, 2], [])], 1.0)
     assert samples == [] and stats["empty_calls"] == 1
 
 
@@ -78,7 +116,7 @@ def test_trajectory_rejects_a_mask_on_the_first_token():
 
 
 def test_json_round_trip():
-    (traj,), _ = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0, group_id="g")
+    (traj,), _, _ = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0, group_id="g")
     back = Trajectory.from_json(traj.to_json())
     assert torch.equal(back.input_ids, traj.input_ids)
     assert torch.equal(back.loss_mask, traj.loss_mask)
