@@ -243,7 +243,8 @@ class WorkflowConfig(Section):
                 f"workflow.command={self.command!r} is only run with workflow.mode=subprocess; "
                 "set it, or remove workflow.command"
             )
-        if self.mode == "subprocess" and "path" in self.model_fields_set:
+        # Against the default, not "was it set": a saved config spells every field out.
+        if self.mode == "subprocess" and self.path != type(self).model_fields["path"].default:
             raise ValueError(
                 f"workflow.path={self.path!r} is not used with workflow.mode=subprocess "
                 "(the agent is workflow.command); remove one of them"

@@ -22,6 +22,7 @@ does not name are dropped and counted.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Literal
 
@@ -46,15 +47,14 @@ def build_trajectories(
 ) -> tuple[list[Trajectory], dict[str, int], list[str]]:
     """The samples of one rollout, counts of what was merged or dropped, and why each
     concatenation broke (one sentence per break, naming the call and the token)."""
+    calls = [it for it in interactions if it.output_ids]
     stats = {
         "calls": len(interactions),
-        "empty_calls": 0,
+        "empty_calls": len(interactions) - len(calls),
         "unrewarded_calls": 0,
         "concat_breaks": 0,
         "concat_broken_sessions": 0,
     }
-    calls = [it for it in interactions if it.output_ids]
-    stats["empty_calls"] = len(interactions) - len(calls)
     reasons: list[str] = []
 
     if isinstance(reward, dict):
@@ -63,14 +63,14 @@ def build_trajectories(
         segments = [([it], float(reward[it.completion_id])) for it in rewarded]
     else:
         per_call = call_rewards(float(reward), len(calls), assignment, discount)
-        by_id = {id(it): r for it, r in zip(calls, per_call, strict=True)}
         if mode == "per_call":
             chains = [[it] for it in calls]
         else:
             chains, reasons = _chain(calls, decode)
             stats["concat_breaks"] = len(reasons)
             stats["concat_broken_sessions"] = int(bool(reasons))
-        segments = [(chain, by_id[id(chain[-1])]) for chain in chains]
+        ends = itertools.accumulate(len(chain) for chain in chains)  # chains split calls in order
+        segments = [(chain, per_call[end - 1]) for chain, end in zip(chains, ends, strict=True)]
 
     samples = [
         _assemble(chain, r, group_id=group_id, session_id=session_id, decode=decode)
@@ -103,13 +103,11 @@ def _chain(
     reasons: list[str] = []
     tokens: list[int] = []
     for k, it in enumerate(calls):
-        if chains and it.prompt_ids[: len(tokens)] == tokens and len(it.prompt_ids) >= len(tokens):
-            chains[-1].append(it)
-        elif chains:
-            chains.append([it])
-            reasons.append(_break_reason(k, tokens, it.prompt_ids, decode))
-        else:
-            chains.append([it])
+        if not chains or it.prompt_ids[: len(tokens)] != tokens:
+            if chains:
+                reasons.append(_break_reason(k, tokens, it.prompt_ids, decode))
+            chains.append([])
+        chains[-1].append(it)
         tokens = it.prompt_ids + it.output_ids
     return chains, reasons
 

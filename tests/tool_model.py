@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from examples.calculator.tools import SYSTEM_PROMPT
+from examples.calculator.tools import SYSTEM_PROMPT, TOOLS
+from looprl.config import Config, load_config
 from looprl.gateway import tools as tools_lib
 from looprl.models import load_tokenizer
 
@@ -23,30 +24,44 @@ CALL = tools_lib.format_call("add", {"a": 2, "b": 3})
 ANSWER = "The answer is 5."
 
 
-def _tool(name: str, description: str, style: str = "plain") -> dict:
-    """A two-number tool, its schema written as by hand ("plain"), by the OpenAI Agents SDK
-    ("strict") or by LangChain ("langchain": keys in another order)."""
+def _as_written_by(framework: str, name: str, description: str) -> dict:
+    """A two-number tool as the OpenAI Agents SDK ("sdk": strict, titled) or LangChain
+    ("langchain": keys in another order) write its schema."""
     number = {"type": "number"}
-    properties = {"a": number, "b": number}
-    strict = style == "strict"
-    if strict:
-        properties = {k: {"title": k.upper(), **number} for k in properties}
-    parameters = {"type": "object", "properties": properties, "required": ["a", "b"]}
-    if style == "langchain":
+    if framework == "langchain":
+        properties = {"a": number, "b": number}
         parameters = {"properties": properties, "required": ["a", "b"], "type": "object"}
+        function = {"name": name, "description": description, "parameters": parameters}
+        return {"type": "function", "function": function}
+    properties = {k: {"title": k.upper(), **number} for k in ("a", "b")}
+    parameters = {"type": "object", "properties": properties, "required": ["a", "b"]}
+    parameters.update(title=f"{name}_args", additionalProperties=False)
     function = {"name": name, "description": description, "parameters": parameters}
-    if strict:
-        parameters.update(title=f"{name}_args", additionalProperties=False)
-        function["strict"] = True
-    return {"type": "function", "function": function}
+    return {"type": "function", "function": {**function, "strict": True}}
+
+
+def greedy_config(model_dir: Path, *overrides: str) -> Config:
+    """A config that runs `model_dir` greedily in float32, one rollout per row: what the
+    tool model's tests need to see its calls every time."""
+    base = [
+        f"model.path={model_dir}",
+        "engine.dtype=float32",
+        "sampling.temperature=0",
+        "sampling.max_new_tokens=40",
+        "rollout.group_size=1",
+    ]
+    return load_config(None, [*base, *overrides])
 
 
 def conversations(tokenizer) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, target ids) pairs: a question -> CALL, a tool result -> ANSWER."""
     toolsets = [
-        [_tool("add", "Add two numbers."), _tool("multiply", "Multiply two numbers.")],
-        [_tool("add", "Return a + b.", "strict"), _tool("multiply", "a * b", "strict")],
-        [_tool("add", "Add two numbers.", "langchain"), _tool("multiply", "x", "langchain")],
+        TOOLS,
+        [_as_written_by("sdk", "add", "Return a + b."), _as_written_by("sdk", "multiply", "a * b")],
+        [
+            _as_written_by("langchain", "add", "Add two numbers."),
+            _as_written_by("langchain", "multiply", "x"),
+        ],
     ]
     pairs = []
     for tools in toolsets:

@@ -502,25 +502,28 @@ class _Gateway:
                 400, f"the model's chat template rejected the messages: {e}", "messages"
             ) from None
         text += prefix
-        known = self._sampled_prefix(text, session)
-        rest = text[len(self.tokenizer.decode(known)) :] if known else text
-        return known + list(self.tokenizer(rest, add_special_tokens=False).input_ids)
+        known_ids, known_text = self._sampled_prefix(text, session)
+        rest = text[len(known_text) :]
+        return known_ids + list(self.tokenizer(rest, add_special_tokens=False).input_ids)
 
-    def _sampled_prefix(self, text: str, session: Session | None) -> list[int]:
-        """The token ids of this session's latest call (prompt + sampled output) when the
-        new prompt's text starts with their text, else [].
+    def _sampled_prefix(self, text: str, session: Session | None) -> tuple[list[int], str]:
+        """The token ids of the session's latest call (prompt + sampled output) whose text
+        the new prompt's text starts with, and that text; ([], "") when none.
 
         Re-tokenizing a sampled output can split it into other ids than the model
         sampled (a different but equally valid BPE split); reusing the ids keeps the new
-        prompt an extension of what was sampled, so the session concatenates.
+        prompt an extension of what was sampled, so the session concatenates. Each
+        call's text is decoded once, when a later call first looks.
         """
         if session is None:
-            return []
-        for it in reversed(session.interactions):
-            ids = it.prompt_ids + it.output_ids
-            if text.startswith(self.tokenizer.decode(ids)):
-                return list(ids)
-        return []
+            return [], ""
+        texts = session.call_texts
+        for it in session.interactions[len(texts) :]:
+            texts.append(self.tokenizer.decode(it.prompt_ids + it.output_ids))
+        for it, known in zip(reversed(session.interactions), reversed(texts), strict=True):
+            if text.startswith(known):
+                return it.prompt_ids + it.output_ids, known
+        return [], ""
 
     def _count_tool_call_error(self, error: str, session: Session | None) -> None:
         """Unparseable calls are answered as plain content, counted, and logged once."""

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.trajectory import TrajectoryMode, build_trajectories
-from looprl.types import Interaction, SamplingParams, Trajectory
+from looprl.types import Interaction, SamplingParams
 
 Reward = float | dict[str, float]
 
@@ -52,6 +50,7 @@ class Session:
     interactions: list[Interaction] = field(default_factory=list)
     reward: Reward | None = None
     sampled_texts: dict[str, str] = field(default_factory=dict)  # tool call id -> its choice's text
+    call_texts: list[str] = field(default_factory=list)  # decoded prompt + output, per interaction
     tool_call_errors: int = 0  # choices whose tool call could not be parsed
     closed: bool = False
     created_s: float = field(default_factory=time.time)
@@ -75,29 +74,6 @@ class Session:
             self.reward = {**merged, **reward}
         else:
             self.reward = float(reward)
-
-    def export(
-        self,
-        mode: TrajectoryMode,
-        group_id: str,
-        reward: Reward | None = None,
-        decode: Callable[[list[int]], str] | None = None,
-    ) -> tuple[list[Trajectory], dict[str, int], list[str]]:
-        """Training samples of this session, their stats and concatenation breaks (see
-        `build_trajectories`).
-
-        `reward` (what the workflow returned) wins over a posted reward; with neither,
-        raises ValueError.
-        """
-        reward = self.reward if reward is None else reward
-        if reward is None:
-            raise ValueError(
-                f"session {self.id} has no reward: the workflow returned None and no reward "
-                f"was posted to /sessions/{self.id}/reward"
-            )
-        return build_trajectories(
-            self.interactions, reward, mode, group_id=group_id, session_id=self.id, decode=decode
-        )
 
 
 class SessionStore:

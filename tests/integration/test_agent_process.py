@@ -13,24 +13,14 @@ from looprl.collect import workflow_for
 from looprl.config import ConfigError, load_config
 from looprl.scheduling.local import launch_local
 from looprl.tasks import load_task
+from tests.tool_model import greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(model_dir, *overrides: str):
-    base = [
-        f"model.path={model_dir}",
-        "engine.dtype=float32",
-        "sampling.temperature=0",
-        "sampling.max_new_tokens=40",
-        "rollout.group_size=1",
-    ]
-    return load_config(None, [*base, *overrides])
-
-
 async def test_a_program_agent_posts_its_reward_and_trains_as_one_sample(tool_model_dir):
-    cfg = _config(
+    cfg = greedy_config(
         tool_model_dir,
         "workflow.mode=subprocess",
         f"workflow.command=[{sys.executable}, -m, examples.calculator.agent_cli]",
@@ -50,7 +40,7 @@ async def test_a_hanging_agent_is_killed_at_the_timeout_and_counted(tiny_model_d
     pid_file = tmp_path / "pid"
     hang = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     agent = AgentProcess([sys.executable, "-c", hang], kill_grace_s=1)
-    cfg = _config(tiny_model_dir, "rollout.timeout_s=3")
+    cfg = greedy_config(tiny_model_dir, "rollout.timeout_s=3")
     start = time.monotonic()
     async with launch_local(cfg, agent) as parts:
         result = await parts.controller.rollout_batch([ROW])
@@ -64,7 +54,7 @@ async def test_a_hanging_agent_is_killed_at_the_timeout_and_counted(tiny_model_d
 async def test_an_agent_that_exits_non_zero_is_counted_with_its_stderr(tiny_model_dir):
     crash = "import sys; print('starting'); print('KeyError: tool', file=sys.stderr); sys.exit(3)"
     agent = AgentProcess([sys.executable, "-c", crash])
-    async with launch_local(_config(tiny_model_dir), agent) as parts:
+    async with launch_local(greedy_config(tiny_model_dir), agent) as parts:
         result = await parts.controller.rollout_batch([ROW])
     stats = result.stats()
     assert stats["failed"] == 1 and stats["errors"] == {"AgentProcessError": 1}, stats
@@ -84,3 +74,11 @@ async def test_an_agent_that_exits_non_zero_is_counted_with_its_stderr(tiny_mode
 def test_subprocess_mode_needs_a_command_and_no_path(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_a_subprocess_config_reloads_from_the_run_dir(tmp_path):
+    cfg = load_config(
+        None,
+        ["workflow.mode=subprocess", "workflow.command=python a.py", f"run.fileroot={tmp_path}"],
+    )
+    assert load_config(str(cfg.save()), []) == cfg

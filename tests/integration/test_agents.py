@@ -15,23 +15,11 @@ import pytest
 from examples.calculator.agent_langchain import CalculatorLangChainAgent
 from examples.calculator.agent_openai import CalculatorAgent
 from examples.calculator.agent_sdk import CalculatorSDKAgent
-from looprl.config import load_config
 from looprl.models import load_tokenizer
 from looprl.scheduling.local import launch_local
-from tests.tool_model import ANSWER, CALL
+from tests.tool_model import ANSWER, CALL, greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}
-
-
-def _config(model_dir, *overrides: str):
-    base = [
-        f"model.path={model_dir}",
-        "engine.dtype=float32",
-        "sampling.temperature=0",
-        "sampling.max_new_tokens=40",
-        "rollout.group_size=1",
-    ]
-    return load_config(None, [*base, *overrides])
 
 
 @pytest.mark.parametrize(
@@ -39,7 +27,7 @@ def _config(model_dir, *overrides: str):
 )
 async def test_framework_agents_round_trip_a_tool_call_into_one_sample(tool_model_dir, agent):
     tokenizer = load_tokenizer(tool_model_dir)
-    async with launch_local(_config(tool_model_dir), agent) as parts:
+    async with launch_local(greedy_config(tool_model_dir), agent) as parts:
         result = await parts.controller.rollout_batch([ROW])
     stats = result.stats()
     assert stats["completed"] == 1, stats

@@ -11,7 +11,6 @@ import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import openai
@@ -19,9 +18,10 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from looprl.config import SamplingConfig
-from looprl.engines.local import LocalEngine
-from looprl.gateway import GatewayServer, SessionHandle, SessionStore, create_app
+from looprl.gateway import GatewayServer, SessionHandle
 from looprl.models import load_model, load_tokenizer
+from looprl.trajectory import build_trajectories
+from tests.local_gateway import local_gateway
 from tests.serving import free_port, running_server
 
 MAX_NEW_TOKENS = 6  # the run's default in these tests: short, so every call is fast
@@ -32,24 +32,14 @@ def tiny(tiny_model_dir):
     return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
 
 
-@asynccontextmanager
-async def _gateway(tiny, **app_kw) -> AsyncIterator[GatewayServer]:
+def _gateway(tiny, **app_kw):
     model, tokenizer = tiny
-    engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode)
-    app_kw = {"max_model_len": model.config.max_position_embeddings, "sessionless": True, **app_kw}
-    app = create_app(
-        engine,
-        tokenizer,
-        model_name="tiny",
-        store=SessionStore(),
-        default_sampling=SamplingConfig(max_new_tokens=MAX_NEW_TOKENS),
-        **app_kw,
-    )
-    try:
-        async with GatewayServer(app) as server:
-            yield server
-    finally:
-        await engine.stop()
+    defaults = {
+        "model_name": "tiny",
+        "default_sampling": SamplingConfig(max_new_tokens=MAX_NEW_TOKENS),
+        "sessionless": True,
+    }
+    return local_gateway(model, tokenizer, **{**defaults, **app_kw})
 
 
 @pytest.fixture
@@ -329,10 +319,14 @@ async def test_reward_in_all_three_shapes(server):
         assert wrong_key.status_code == 401
     assert session.reward == {ids[0]: 1.0, ids[1]: -1.0}
 
-    trajectories, _, _ = server.close_session(handle.id).export("concat", group_id="g")
+    session = server.close_session(handle.id)
+    # what the controller exports: the posted per-call rewards, one sample per call
+    trajectories, _, _ = build_trajectories(
+        session.interactions, session.reward, session_id=session.id
+    )
     assert [t.reward for t in trajectories] == [1.0, -1.0]
     assert all(t.num_sampled_tokens == 2 and t.session_id == handle.id for t in trajectories)
-    trajectories, _, _ = session.export("per_call", group_id="g", reward=2.0)
+    trajectories, _, _ = build_trajectories(session.interactions, 2.0, "per_call")
     assert [t.reward for t in trajectories] == [2.0, 2.0]
 
 

@@ -9,42 +9,31 @@ the first call's prompt and sampled tokens, exactly.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
+from examples.calculator.tools import TOOLS
 from looprl.config import SamplingConfig
-from looprl.engines.local import LocalEngine
-from looprl.gateway import GatewayServer, SessionStore, create_app
 from looprl.models import load_model, load_tokenizer
 from looprl.trajectory import build_trajectories
 from looprl.types import Interaction
-from tests.tool_model import ANSWER, CALL, _tool
+from tests.local_gateway import local_gateway
+from tests.tool_model import ANSWER, CALL
 
-TOOLS = [_tool("add", "Add two numbers."), _tool("multiply", "Multiply two numbers.")]
+ADD_TWO = {**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "add two"}}
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
-@asynccontextmanager
-async def _gateway(model_dir) -> AsyncIterator[GatewayServer]:
-    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
-    engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode)
-    app = create_app(
-        engine,
-        tokenizer,
+def _gateway(model_dir):
+    """The gateway on `model_dir`, sampling greedily."""
+    return local_gateway(
+        load_model(model_dir),
+        load_tokenizer(model_dir),
         model_name="calc",
-        store=SessionStore(),
         default_sampling=SamplingConfig(temperature=0, max_new_tokens=40),
-        max_model_len=model.config.max_position_embeddings,
     )
-    try:
-        async with GatewayServer(app) as server:
-            yield server
-    finally:
-        await engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +149,7 @@ async def test_bad_tool_requests_are_400_naming_the_problem(tiny_model_dir):
             "messages[1]: Value error, a tool message needs the tool_call_id",
         ),
         "a tool name OpenAI refuses": (
-            {"tools": [_tool("add two", "x")]},
+            {"tools": [ADD_TWO]},
             "tools[0].function.name",
         ),
     }
