@@ -45,7 +45,7 @@ def best(fn, repeats: int) -> float:
 def main(repeats: int) -> None:
     state = trainer_state()
     config = Config().model_dump(mode="json")
-    loop_state = {"step": 1, "data_position": 0, "rng": ck.rng_state()}
+    loop_state = {"data_position": 0, "rng": ck.rng_state()}
     root = Path(tempfile.mkdtemp(dir="."))
     try:
         counter = iter(range(10**6))

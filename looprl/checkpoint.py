@@ -2,8 +2,8 @@
 
 Owns the layout under `<run_dir>/checkpoints/`:
 
-    step_000012/   trainer.pt (model, optimizer, scheduler, version), state.pkl (step,
-                   data position, controller, metrics, RNG), config.yaml, MANIFEST.json
+    step_000012/   trainer.pt (model, optimizer, scheduler, version), state.pkl (data
+                   position, controller, metrics, RNG), config.yaml, MANIFEST.json (step)
     latest         the name of the newest checkpoint, replaced last
 
 A checkpoint is written into a temporary folder, every file fsynced, MANIFEST.json (size
@@ -117,16 +117,15 @@ def save(
 def load_latest(run_dir: Path) -> Checkpoint | None:
     """The newest checkpoint whose files match its manifest; None when there is none."""
     for path in _candidates(checkpoints_dir(run_dir)):
-        problem = verify(path)
+        manifest, problem = _verified_manifest(path, hashes=True)
         if problem:
             log.warning("Skipping checkpoint %s: %s; trying the previous one", path, problem)
             continue
-        state = pickle.loads((path / "state.pkl").read_bytes())
         return Checkpoint(
             path=path,
-            step=json.loads((path / MANIFEST).read_text())["step"],
+            step=manifest["step"],
             trainer=torch.load(path / "trainer.pt", weights_only=False),
-            state=state,
+            state=pickle.loads((path / "state.pkl").read_bytes()),
             config=yaml.safe_load((path / "config.yaml").read_text()),
         )
     return None
@@ -135,23 +134,7 @@ def load_latest(run_dir: Path) -> Checkpoint | None:
 def verify(path: Path, *, hashes: bool = True) -> str | None:
     """None when every file of the checkpoint matches its manifest, else what is wrong.
     `hashes=False` checks presence and sizes only (no read of the data)."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        return f"no {MANIFEST} (the write did not finish)"
-    try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        return f"unreadable {MANIFEST}: {e}"
-    for name, expected in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        size = file.stat().st_size
-        if size != expected["bytes"]:
-            return f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated)"
-        if hashes and _sha256(file) != expected["sha256"]:
-            return f"{name} does not match its sha256 (corrupted)"
-    return None
+    return _verified_manifest(path, hashes=hashes)[1]
 
 
 def config_changes(
@@ -219,6 +202,31 @@ def _candidates(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+
+
+def _verified_manifest(path: Path, *, hashes: bool) -> tuple[dict[str, Any], str | None]:
+    """The checkpoint's manifest ({} when unreadable) and what is wrong with its files,
+    None when nothing is: `verify`, and the manifest for `load_latest` from one read."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return {}, f"no {MANIFEST} (the write did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as e:
+        return {}, f"unreadable {MANIFEST}: {e}"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return manifest, f"{name} is missing"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return manifest, (
+                f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated)"
+            )
+        if hashes and _sha256(file) != expected["sha256"]:
+            return manifest, f"{name} does not match its sha256 (corrupted)"
+    return manifest, None
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -439,7 +439,7 @@ class DiagnosticsConfig(Section):
 
     @model_validator(mode="after")
     def _report_before_the_collective_fails(self) -> DiagnosticsConfig:
-        if 0 < self.collective_timeout_s <= self.hang_timeout_s:
+        if self.collective_timeout_s <= self.hang_timeout_s:
             raise ValueError(
                 f"hang_timeout_s={self.hang_timeout_s:g} must be below collective_timeout_s="
                 f"{self.collective_timeout_s:g}: a stuck collective would fail on its timeout "

@@ -60,8 +60,9 @@ def check_torch() -> Check:
             "torch",
             "warn",
             f"torch {torch.__version__} is built for CUDA {built} but no GPU or driver answers",
-            "on a CPU machine install the CPU build (pip install torch==2.13.0 here); on a GPU "
-            "machine check `nvidia-smi` and that the driver supports CUDA " + built,
+            "on a CPU machine install the CPU build (pip install "
+            f"torch=={torch.__version__.split('+')[0]} here); on a GPU machine check "
+            f"`nvidia-smi` and that the driver supports CUDA {built}",
         )
     return Check("torch", "ok", f"torch {torch.__version__}, CUDA {built}")
 

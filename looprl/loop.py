@@ -93,7 +93,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             else:
                 await engine.update_weights(trainer.state_dict_for_engine(), trainer.version)
                 before = restore(checkpoint, controller, rows, metrics)
-            saver = Saver(cfg, trainer, controller, rows, metrics)
+            saver = Saver(cfg, trainer, controller, rows, metrics, last_step=first_step - 1)
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
@@ -104,7 +104,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 )
                 staleness = sample_staleness(batch, trainer.version).float()  # (N,)
                 metrics.status("training")
-                train_stats = await train_step(trainer, batch, engine, cfg)
+                train_stats = await train_step(trainer, batch, engine)
                 controller.notify_version()
                 metrics.log(
                     "train",
@@ -165,7 +165,12 @@ def resume_point(cfg: Config) -> checkpoint_io.Checkpoint | None:
     return found
 
 
-def restore(checkpoint, controller: RolloutController, rows: DataStream, metrics: Metrics) -> float:
+def restore(
+    checkpoint: checkpoint_io.Checkpoint,
+    controller: RolloutController,
+    rows: DataStream,
+    metrics: Metrics,
+) -> float:
     """Put the loop's state back as it was when `checkpoint` was saved; returns the
     held-out accuracy before training, from the restored metrics."""
     state = checkpoint.state
@@ -188,13 +193,15 @@ def restore(checkpoint, controller: RolloutController, rows: DataStream, metrics
 
 class Saver:
     """When to save (every `save_every_steps`, every `save_every_secs`, after step 2) and
-    what: the trainer's state and the loop's."""
+    what: the trainer's state and the loop's. `last_step`: the step of the checkpoint
+    resumed from, 0 in a new run."""
 
-    def __init__(self, cfg: Config, trainer: Trainer, controller, rows, metrics: Metrics):
+    def __init__(
+        self, cfg: Config, trainer: Trainer, controller, rows, metrics: Metrics, last_step: int
+    ):
         self.cfg, self.trainer, self.controller = cfg, trainer, controller
         self.rows, self.metrics = rows, metrics
-        self.last = time.monotonic()
-        self.last_step = len([r for r in metrics.records if r["kind"] == "train"])
+        self.last, self.last_step = time.monotonic(), last_step
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint
@@ -207,7 +214,6 @@ class Saver:
     def save(self, step: int) -> None:
         position = self.controller.earliest_untrained_position()
         state = {
-            "step": step,
             "data_position": self.rows.position if position is None else position,
             "controller": self.controller.state_dict(),
             "metrics": self.metrics.state_dict(),
@@ -297,7 +303,7 @@ class DataStream:
         return row
 
 
-async def train_step(trainer: Trainer, batch, engine, cfg: Config) -> dict[str, float]:
+async def train_step(trainer: Trainer, batch, engine) -> dict[str, float]:
     """One update, then the new weights to the engine (generations in flight go on).
 
     The engine pauses at a token boundary while the trainer holds the cores, and the step

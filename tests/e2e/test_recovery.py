@@ -132,12 +132,7 @@ def test_sigterm_saves_and_stops_after_the_step(tiny_model_dir, tmp_path):
     command = [*_command(tiny_model_dir, tmp_path, "term"), "checkpoint.save_every_steps=0"]
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log_file = tmp_path / "default" / "term" / "train.log"
-    deadline = time.monotonic() + 120
-    while "Saved recover checkpoint for step 2" not in (
-        log_file.read_text() if log_file.exists() else ""
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
+    assert _wait_for_log(log_file, 0, "Saved recover checkpoint for step 2", proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, out.decode()[-2000:]

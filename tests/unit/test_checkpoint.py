@@ -10,7 +10,7 @@ from looprl.loop import DataStream, resume_point
 
 def _save(run_dir, step, cfg, keep_last=3):
     trainer = {"model": {"w": torch.full((4,), float(step))}, "version": step}
-    state = {"step": step, "data_position": 10 * step, "rng": ck.rng_state()}
+    state = {"data_position": 10 * step, "rng": ck.rng_state()}
     return ck.save(run_dir, step, trainer, state, cfg.model_dump(mode="json"), keep_last)
 
 
