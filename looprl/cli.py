@@ -259,11 +259,9 @@ def _cell(value: object) -> str:
 def _print_stats(title: str, stats: dict) -> None:
     table = Table(title=title, show_header=False)
     for key, value in stats.items():
-        if isinstance(value, float):
-            value = f"{value:.4g}"
-        elif isinstance(value, dict):
+        if isinstance(value, dict):
             value = json.dumps(value) if value else "-"
-        table.add_row(key, str(value))
+        table.add_row(key, _cell(value))
     Console().print(table)
 
 

@@ -29,7 +29,8 @@ from looprl.models import load_model, load_tokenizer
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch
 from looprl.training.trainer import Trainer
-from looprl.types import Generation, SamplingParams, Trajectory
+from looprl.trajectory import build_trajectories
+from looprl.types import Generation, Interaction, SamplingParams, Trajectory
 
 
 @dataclass
@@ -179,18 +180,7 @@ def task_prompts(cfg: Config, tokenizer, samples: int) -> list[list[int]]:
 
 
 def _trajectory(gen: Generation) -> Trajectory:
-    n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
-    mask = torch.zeros(n_prompt + n_out, dtype=torch.bool)
-    mask[n_prompt:] = True
-    behavior = torch.zeros(n_prompt + n_out, dtype=torch.float32)
-    behavior[n_prompt:] = torch.tensor(gen.logprobs, dtype=torch.float32)
-    versions = torch.full((n_prompt + n_out,), -1, dtype=torch.int64)
-    versions[n_prompt:] = torch.tensor(gen.versions, dtype=torch.int64)
-    return Trajectory(
-        input_ids=torch.tensor(gen.prompt_ids + gen.output_ids, dtype=torch.int64),
-        loss_mask=mask,
-        behavior_logprobs=behavior,
-        versions=versions,
-        reward=0.0,
-        group_id="consistency",
-    )
+    """The generation as a training sample: prompt (masked out), then its sampled tokens."""
+    interaction = Interaction.from_generation("consistency", gen)
+    (trajectory,), _, _ = build_trajectories([interaction], 0.0, "per_call")
+    return trajectory

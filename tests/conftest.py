@@ -20,11 +20,9 @@ def smol_model_dir() -> Path:
     return default_model_dir()
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, smol_model_dir) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = load_tokenizer(smol_model_dir)
-    config = LlamaConfig(
+def tiny_llama_config(tokenizer, **overrides) -> LlamaConfig:
+    """The config of `tiny_model_dir`'s model for `tokenizer`, with `overrides`."""
+    options = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -40,8 +38,15 @@ def tiny_model_dir(tmp_path_factory, smol_model_dir) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    return LlamaConfig(**(options | overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smol_model_dir) -> Path:
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = load_tokenizer(smol_model_dir)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    LlamaForCausalLM(tiny_llama_config(tokenizer)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

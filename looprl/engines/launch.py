@@ -19,7 +19,6 @@ from looprl.engines.base import Engine, EngineError
 from looprl.engines.local import LocalEngine
 from looprl.engines.sglang import SGLangEngine
 from looprl.engines.vllm import VLLMEngine
-from looprl.models import eos_token_ids
 
 
 def visible_gpus() -> int:
@@ -70,17 +69,7 @@ async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) 
     gpus = visible_gpus()
     check_placement(engine_cfg, gpus)
     if engine_cfg.type == "local":
-        return LocalEngine(  # keeps its own copy, in the engine's dtype
-            model,
-            eos_token_ids=eos_token_ids(tokenizer, model),
-            decode=tokenizer.decode,
-            dtype=engine_cfg.dtype,
-            max_batch_size=engine_cfg.max_batch_size,
-            max_tokens_per_batch=engine_cfg.max_tokens_per_batch,
-            batch_wait_ms=engine_cfg.batch_wait_ms,
-            prefix_cache_tokens=engine_cfg.prefix_cache_tokens,
-            impl=engine_cfg.impl,
-        )
+        return LocalEngine.for_model(model, tokenizer, engine_cfg)
     remote = VLLMEngine if engine_cfg.type == "vllm" else SGLangEngine
     if engine_cfg.url is not None:
         return await remote.connect(engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)

@@ -161,8 +161,12 @@ class LocalEngine:
     @classmethod
     def from_config(cls, model_path: str, cfg: EngineConfig) -> LocalEngine:
         """Load model and tokenizer from `model_path` (a folder or 'default')."""
-        model = load_model(model_path, cfg.dtype)
-        tokenizer = load_tokenizer(model_path)
+        return cls.for_model(load_model(model_path, cfg.dtype), load_tokenizer(model_path), cfg)
+
+    @classmethod
+    def for_model(cls, model: PreTrainedModel, tokenizer, cfg: EngineConfig) -> LocalEngine:
+        """An engine on its own copy of `model` (in cfg.dtype), stopping at `tokenizer`'s
+        EOS ids and detecting stop strings with its decode."""
         return cls(
             model,
             eos_token_ids=eos_token_ids(tokenizer, model),

@@ -28,14 +28,6 @@ class RequestGate:
         self._idle.set()
         self._in_flight = 0
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
-    def is_open(self) -> bool:
-        return self._open.is_set()
-
     @asynccontextmanager
     async def request(self) -> AsyncIterator[None]:
         while not self._open.is_set():  # woken by open(), the gate may have closed again

@@ -18,28 +18,24 @@ import httpx
 from looprl.engines.base import EngineError
 from looprl.engines.server_process import ServerProcess
 
+# One call's bound; a generation is also bounded by rollout.timeout_s.
+_TIMEOUT_S = 3600.0
+# Concurrent generations hold one connection each; beyond this they wait for one.
+_MAX_CONNECTIONS = 1024
+
 
 class ServerClient:
     """Talks to the server at `url` (`name` is used in messages, e.g. "vLLM server").
 
     `process` is the server's process when looprl launched it, for its log in errors.
-    `timeout_s` bounds one call; a generation is also bounded by rollout.timeout_s.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        name: str,
-        process: ServerProcess | None = None,
-        timeout_s: float = 3600.0,
-        max_connections: int = 1024,
-    ) -> None:
+    def __init__(self, url: str, *, name: str, process: ServerProcess | None = None) -> None:
         self.url = url.rstrip("/")
         self.name = name
         self.process = process
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        limits = httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=64)
+        timeout = httpx.Timeout(_TIMEOUT_S, connect=10.0)
         self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits)
 
     async def get(self, path: str) -> Any:

@@ -25,8 +25,9 @@ The protocol followed, from sgl-project/sglang: docs/basic_usage/sampling_params
 - update_weights: the state dict is written to <run_dir>/weights/v<version>, then
   pause (our requests drained by `RequestGate`, then POST /pause_generation
   {"mode": "retract"}), POST /update_weights_from_disk {model_path, weight_version,
-  flush_cache}, POST /continue_generation. Each generation is sampled by one version,
-  the one it started with (see vllm.py).
+  flush_cache}, POST /continue_generation, in the order `reloadable_server.py` keeps for
+  both servers. Each generation is sampled by one version, the one it started with (see
+  vllm.py).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.request_gate import RequestGate
+from looprl.engines.reloadable_server import ReloadableServer, ServerCalls
 from looprl.engines.server_client import ServerClient
-from looprl.engines.server_process import ServerError, ServerProcess, free_port
+from looprl.engines.server_process import ServerProcess, free_port
 from looprl.engines.weight_folder import WeightFolder
 from looprl.types import FinishReason, Generation, SamplingParams
 
@@ -54,40 +55,26 @@ _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", 
 
 
 class SGLangEngine:
-    """Serves `generate` from the SGLang server at `client.url`; see the module docstring.
-    Build one with `launch` or `connect`."""
+    """Serves `generate` from the SGLang `server`; see the module docstring. Build one
+    with `launch` or `connect`."""
 
-    def __init__(
-        self,
-        client: ServerClient,
-        *,
-        weights: WeightFolder,
-        server: ServerProcess | None = None,
-        version: int = 0,
-    ) -> None:
-        self._client = client
-        self._weights = weights
-        self._server = server
-        self._version = version
-        self._gate = RequestGate()
-        self._control_lock = asyncio.Lock()
-        self._paused = False
+    def __init__(self, server: ReloadableServer) -> None:
+        self.server = server
 
     @classmethod
     async def launch(
         cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path, served_name: str
     ) -> SGLangEngine:
         """Write `model`'s weights as version 0 and start an SGLang server on them."""
-        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
         python = Path(cfg.venv or DEFAULT_VENV) / "bin" / "python"
         if not python.exists():
-            weights.remove()
             raise EngineError(
                 f"engine.venv={str(python.parent.parent)!r} has no bin/python; create a venv "
                 "with SGLang installed (`pip install sglang`, on a CUDA machine) or point "
                 "engine.venv at one"
             )
+        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
         port = free_port()
         process = ServerProcess(
             sglang_command(cfg, python, model_dir, port, served_name),
@@ -97,13 +84,7 @@ class SGLangEngine:
             name="SGLang server",
         )
         log.info("Starting an SGLang server for the engine; its log: %s", process.log_path)
-        try:
-            await asyncio.to_thread(process.start)
-        except ServerError as e:
-            weights.remove()
-            raise EngineError(str(e)) from e
-        client = ServerClient(process.url, name="SGLang server", process=process)
-        return cls(client, weights=weights, server=process)
+        return cls(await ReloadableServer.launch(process, weights, _CALLS))
 
     @classmethod
     async def connect(
@@ -119,16 +100,14 @@ class SGLangEngine:
                 f"the SGLang server at {cfg.url} serves {info.get('model_path')!r}, which is "
                 "not a generative model"
             )
-        engine = cls(
-            client,
-            weights=WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype),
-        )
-        await engine.update_weights(model.state_dict(), 0)
-        return engine
+        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+        server = ReloadableServer(client, weights, _CALLS)
+        await server.update_weights(model.state_dict(), 0)
+        return cls(server)
 
     @property
     def version(self) -> int:
-        return self._version
+        return self.server.version
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         """Sample a continuation; waits while a weight reload is under way."""
@@ -161,56 +140,42 @@ class SGLangEngine:
             "return_logprob": True,
             "top_logprobs_num": sampling.top_logprobs,
         }
-        async with self._gate.request():
-            version = self._version
-            reply = await self._client.post("/generate", body)
-        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self._client.url)
+        async with self.server.request() as version:
+            reply = await self.server.client.post("/generate", body)
+        return _generation(
+            reply, prompt_ids, version, sampling.top_logprobs, self.server.client.url
+        )
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Write `state_dict` as `version`, then load it in the server between requests."""
-        path = await asyncio.to_thread(self._weights.write, state_dict, version)
-        was_paused = self._paused
-        await self.pause()
-        try:
-            body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
-            reply = await self._client.post("/update_weights_from_disk", body, retry=True)
-            if not reply.get("success", False):
-                raise EngineError(
-                    f"the SGLang server at {self._client.url} did not load {path}: "
-                    f"{reply.get('message')}"
-                )
-            self._version = version
-        finally:
-            if not was_paused:
-                await self.resume()
+        await self.server.update_weights(state_dict, version)
 
     async def pause(self) -> None:
         """Let requests in flight finish, hold new ones, and pause the server."""
-        async with self._control_lock:
-            if self._paused:
-                return
-            await self._gate.close()
-            try:
-                await self._client.post("/pause_generation", {"mode": "retract"}, retry=True)
-            except EngineError:
-                self._gate.open()
-                raise
-            self._paused = True
+        await self.server.pause()
 
     async def resume(self) -> None:
-        async with self._control_lock:
-            if not self._paused:
-                return
-            await self._client.post("/continue_generation", {}, retry=True)
-            self._paused = False
-            self._gate.open()
+        await self.server.resume()
 
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
-        await self._client.close()
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-        self._weights.remove()
+        await self.server.stop()
+
+
+async def _load(client: ServerClient, path: Path, version: int) -> None:
+    body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+    reply = await client.post("/update_weights_from_disk", body, retry=True)
+    if not reply.get("success", False):
+        raise EngineError(
+            f"the SGLang server at {client.url} did not load {path}: {reply.get('message')}"
+        )
+
+
+_CALLS = ServerCalls(
+    pause=lambda client: client.post("/pause_generation", {"mode": "retract"}, retry=True),
+    resume=lambda client: client.post("/continue_generation", {}, retry=True),
+    load=_load,
+)
 
 
 def sglang_command(

@@ -2,8 +2,8 @@
 
 Owns: the Engine protocol over a vLLM (0.32) OpenAI-compatible server that looprl
 launched (`launch`: its log in <run_dir>/logs/vllm-0.log) or that already runs
-(`connect`). Does not own the server's process (`vllm_server.py`) or the weight files
-(`weight_folder.py`).
+(`connect`). Does not own the server's process (`vllm_server.py`), the weight files
+(`weight_folder.py`) or the order of pause, reload and resume (`reloadable_server.py`).
 
 - generate: POST /v1/completions with the prompt as token ids, `return_token_ids` and
   `logprobs` (the sampled token's, plus `top_logprobs` more, as `token_id:N` keys).
@@ -36,7 +36,7 @@ from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.request_gate import RequestGate
+from looprl.engines.reloadable_server import ReloadableServer, ServerCalls
 from looprl.engines.server_client import ServerClient
 from looprl.engines.server_process import ServerError
 from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
@@ -50,32 +50,13 @@ _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", 
 
 
 class VLLMEngine:
-    """Serves `generate` from the vLLM server at `client.url` under `served_name`.
+    """Serves `generate` from the vLLM `server` under `served_name`. Build one with
+    `launch` or `connect`."""
 
-    `weights` is where new weights are written for the server to read; `server` is the
-    process looprl launched (None when connected to a running one). Build one with
-    `launch` or `connect`.
-    """
-
-    def __init__(
-        self,
-        client: ServerClient,
-        *,
-        served_name: str,
-        max_model_len: int,
-        weights: WeightFolder,
-        server: VLLMServer | None = None,
-        version: int = 0,
-    ) -> None:
-        self._client = client
+    def __init__(self, server: ReloadableServer, *, served_name: str, max_model_len: int):
+        self.server = server
         self.served_name = served_name
         self.max_model_len = max_model_len
-        self._weights = weights
-        self.server = server
-        self._version = version
-        self._gate = RequestGate()
-        self._control_lock = asyncio.Lock()
-        self._paused = False
 
     @classmethod
     async def launch(
@@ -90,10 +71,10 @@ class VLLMEngine:
     ) -> VLLMEngine:
         """Write `model`'s weights as version 0 and start a server on them (~30 s on CPU
         with --enforce-eager in engine.server_args, ~100 s compiled)."""
+        python = _python(cfg, gpus)
         weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
         model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
-        python = _python(cfg, gpus)
-        server = VLLMServer(
+        process = VLLMServer(
             python,
             model_dir,
             Path(run_dir) / "logs" / "vllm-0.log",
@@ -106,18 +87,11 @@ class VLLMEngine:
             gpu_memory_fraction=cfg.gpu_memory_fraction,
             attention_backend=cfg.attention_backend,
             gpus=gpus,
-        )
-        log.info("Starting a vLLM server for the engine; its log: %s", server.log_path)
-        try:
-            await asyncio.to_thread(server.start)
-        except ServerError as e:
-            weights.remove()
-            raise EngineError(str(e)) from e
-        client = ServerClient(server.url, name="vLLM server", process=server.process)
-        served, max_model_len = await _model_card(client)
-        return cls(
-            client, served_name=served, max_model_len=max_model_len, weights=weights, server=server
-        )
+        ).process
+        log.info("Starting a vLLM server for the engine; its log: %s", process.log_path)
+        server = await ReloadableServer.launch(process, weights, _CALLS)
+        served, max_model_len = await _model_card(server.client)
+        return cls(server, served_name=served, max_model_len=max_model_len)
 
     @classmethod
     async def connect(
@@ -149,17 +123,17 @@ class VLLMEngine:
             await client.close()
             raise
         weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        engine = cls(client, served_name=served, max_model_len=max_model_len, weights=weights)
-        await engine.update_weights(model.state_dict(), 0)
-        return engine
+        server = ReloadableServer(client, weights, _CALLS)
+        await server.update_weights(model.state_dict(), 0)
+        return cls(server, served_name=served, max_model_len=max_model_len)
 
     @property
     def version(self) -> int:
-        return self._version
+        return self.server.version
 
     @property
     def url(self) -> str:
-        return self._client.url
+        return self.server.client.url
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         """Sample a continuation; waits while a weight reload is under way."""
@@ -181,53 +155,40 @@ class VLLMEngine:
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        async with self._gate.request():
-            version = self._version
-            reply = await self._client.post("/v1/completions", body)
-        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self._client.url)
+        async with self.server.request() as version:
+            reply = await self.server.client.post("/v1/completions", body)
+        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self.url)
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Write `state_dict` as `version`, then reload it in the server between requests."""
-        path = await asyncio.to_thread(self._weights.write, state_dict, version)
-        was_paused = self._paused
-        await self.pause()
-        try:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            await self._client.post("/collective_rpc", rpc, retry=True)
-            await self._client.post("/reset_prefix_cache", retry=True)
-            await self._client.post("/update_weight_version", {"new_version": str(version)})
-            self._version = version
-        finally:
-            if not was_paused:
-                await self.resume()
+        await self.server.update_weights(state_dict, version)
 
     async def pause(self) -> None:
         """Let requests in flight finish, hold new ones, and pause the server."""
-        async with self._control_lock:
-            if self._paused:
-                return
-            await self._gate.close()
-            try:
-                await self._client.post("/pause", params={"mode": "wait"}, retry=True)
-            except EngineError:
-                self._gate.open()
-                raise
-            self._paused = True
+        await self.server.pause()
 
     async def resume(self) -> None:
-        async with self._control_lock:
-            if not self._paused:
-                return
-            await self._client.post("/resume", retry=True)
-            self._paused = False
-            self._gate.open()
+        await self.server.resume()
 
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
-        await self._client.close()
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        self._weights.remove()
+        await self.server.stop()
+
+
+async def _load(client: ServerClient, path: Path, version: int) -> None:
+    """Reload the weights in place, drop the prefix cache (KV of the old weights), and
+    record the version."""
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+    await client.post("/collective_rpc", rpc, retry=True)
+    await client.post("/reset_prefix_cache", retry=True)
+    await client.post("/update_weight_version", {"new_version": str(version)})
+
+
+_CALLS = ServerCalls(
+    pause=lambda client: client.post("/pause", params={"mode": "wait"}, retry=True),
+    resume=lambda client: client.post("/resume", retry=True),
+    load=_load,
+)
 
 
 def _python(cfg: EngineConfig, gpus: int) -> Path:

@@ -3,8 +3,8 @@
 SGLang itself needs CUDA and cannot run here; `tests/sglang_protocol.py` serves a real
 model over SGLang's documented HTTP API (it cites the files followed), and loads the
 weight folders the adapter writes with `from_pretrained`, so a folder that is not a
-complete model fails. Launching a real SGLang server is only checked up to the
-placement error on this GPU-less machine.
+complete model fails. Launching a real SGLang server is only checked up to its command
+line (and the placement error on a GPU-less machine, tests/unit/test_engine_launch.py).
 """
 
 from __future__ import annotations
@@ -199,13 +199,8 @@ async def test_a_failed_weight_load_is_reported_with_the_server_message(engine, 
     assert engine.version == 0  # the failed version is not claimed
 
 
-def test_launching_sglang_needs_a_gpu_and_passes_options_through(tmp_path):
-    cfg = EngineConfig(type="sglang")
-    with pytest.raises(EngineError, match=r"engine.type=sglang .* needs a CUDA GPU"):
-        check_placement(cfg, gpus=0)
-    check_placement(EngineConfig(type="sglang", url="http://10.0.0.5:30000"), gpus=0)
-    with pytest.raises(EngineError, match=r"tensor_parallel_size=4 needs 4 GPUs.*has 2"):
-        check_placement(EngineConfig(type="sglang", tensor_parallel_size=4), gpus=2)
+def test_launching_sglang_passes_options_through(tmp_path):
+    # what a machine refuses (no GPU, too few GPUs): tests/unit/test_engine_launch.py
     cfg = EngineConfig(
         type="sglang",
         tensor_parallel_size=2,

@@ -201,7 +201,7 @@ async def test_connect_refuses_a_server_without_vllm_dev_endpoints(tiny_model_di
 
 
 async def test_a_server_that_died_is_reported_with_its_log(fp32):
-    fp32.engine.server.stop()
+    fp32.engine.server.process.stop()
     with pytest.raises(EngineError, match=r"has exited\. Last lines of its log .*vllm-0\.log"):
         await fp32.engine.generate(fp32.prompts[0], SamplingParams(max_new_tokens=4))
 

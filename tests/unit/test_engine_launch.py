@@ -20,7 +20,16 @@ from looprl.engines.launch import check_placement
             1,
             "both size vLLM's KV cache on GPUs; set one of them",
         ),
-        ({"type": "sglang"}, 0, "engine.type=sglang launches an SGLang server, which needs"),
+        (
+            {"type": "sglang"},
+            0,
+            "engine.type=sglang launches an SGLang server, which needs a CUDA GPU",
+        ),
+        (
+            {"type": "sglang", "tensor_parallel_size": 4},
+            2,
+            "tensor_parallel_size=4 needs 4 GPUs.*has 2",
+        ),
     ],
 )
 def test_options_the_machine_cannot_honor_are_refused(options, gpus, expected):

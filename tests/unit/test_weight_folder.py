@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from looprl.engines.weight_folder import WeightFolder
 from looprl.models import load_tokenizer
+from tests.conftest import tiny_llama_config
 
 
 @pytest.fixture
@@ -19,18 +20,8 @@ def tokenizer(tiny_model_dir):
 
 
 def _tied_model(tokenizer) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-    )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(tiny_llama_config(tokenizer, tie_word_embeddings=True)).eval()
 
 
 def _logits(model, ids=(1, 5, 9, 200, 7)) -> torch.Tensor:

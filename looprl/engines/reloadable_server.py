@@ -1,0 +1,128 @@
+"""An inference server whose weights looprl reloads between requests: what the vLLM and
+SGLang engine adapters share.
+
+Owns: the server's connection (`ServerClient`), its process when looprl launched it,
+the weight folder it loads from, the policy version it serves, and the order of a
+weight update: write the folder, pause, load, record the version, resume (unless the
+caller had paused). Pausing first drains our requests at the `RequestGate`, then makes
+the server's own pause call. Does not own the HTTP calls that differ between servers
+(pause, resume, load, generate): each adapter states its `ServerCalls`.
+
+Concurrency contract: `request()` (an async context manager, on the event loop) waits
+while paused, then yields the version that every token of that request carries; the
+version cannot change until it exits. `pause` and `resume` take one lock, so they never
+interleave, and each is a no-op when already done. Nothing runs in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from looprl.engines.base import EngineError
+from looprl.engines.request_gate import RequestGate
+from looprl.engines.server_client import ServerClient
+from looprl.engines.server_process import ServerError, ServerProcess
+from looprl.engines.weight_folder import WeightFolder
+
+
+@dataclass(frozen=True)
+class ServerCalls:
+    """The control calls of one kind of server, each given the server's client."""
+
+    pause: Callable[[ServerClient], Awaitable[object]]
+    resume: Callable[[ServerClient], Awaitable[object]]
+    load: Callable[[ServerClient, Path, int], Awaitable[None]]  # (folder, its version)
+
+
+class ReloadableServer:
+    """The server at `client.url`, loading new weights from `weights` through `calls`.
+
+    `process` is the server's process when looprl launched it (`launch`), else None.
+    """
+
+    def __init__(
+        self,
+        client: ServerClient,
+        weights: WeightFolder,
+        calls: ServerCalls,
+        *,
+        process: ServerProcess | None = None,
+    ) -> None:
+        self.client = client
+        self.weights = weights
+        self.process = process
+        self._calls = calls
+        self._version = 0
+        self._gate = RequestGate()
+        self._control_lock = asyncio.Lock()
+        self._paused = False
+
+    @classmethod
+    async def launch(
+        cls, process: ServerProcess, weights: WeightFolder, calls: ServerCalls
+    ) -> ReloadableServer:
+        """Start `process` (serving a version in `weights`) and wait until it is healthy;
+        if it cannot start, delete the weights and raise EngineError with its log's tail."""
+        try:
+            await asyncio.to_thread(process.start)
+        except ServerError as e:
+            weights.remove()
+            raise EngineError(str(e)) from e
+        client = ServerClient(process.url, name=process.name, process=process)
+        return cls(client, weights, calls, process=process)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @asynccontextmanager
+    async def request(self) -> AsyncIterator[int]:
+        """Admit one generation request; yields the policy version that serves it."""
+        async with self._gate.request():
+            yield self._version
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Write `state_dict` as `version`, then load it in the server between requests."""
+        path = await asyncio.to_thread(self.weights.write, state_dict, version)
+        was_paused = self._paused
+        await self.pause()
+        try:
+            await self._calls.load(self.client, path, version)
+            self._version = version
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def pause(self) -> None:
+        """Let our requests in flight finish, hold new ones, and pause the server."""
+        async with self._control_lock:
+            if self._paused:
+                return
+            await self._gate.close()
+            try:
+                await self._calls.pause(self.client)
+            except EngineError:
+                self._gate.open()
+                raise
+            self._paused = True
+
+    async def resume(self) -> None:
+        async with self._control_lock:
+            if not self._paused:
+                return
+            await self._calls.resume(self.client)
+            self._paused = False
+            self._gate.open()
+
+    async def stop(self) -> None:
+        """Close the connection, stop the server looprl launched, delete the weights."""
+        await self.client.close()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+        self.weights.remove()
