@@ -1,8 +1,15 @@
 """The Engine protocol: what the gateway and the trainer need from an inference engine.
 
 An engine turns prompt token ids into sampled token ids with logprobs and the policy
-version of every token, and accepts new weights. It knows nothing of sessions, chat
-templates or training.
+version of every token, and accepts new weights. It knows nothing of chat templates or
+training; a request's `session` is only a routing key (a pool of replicas keeps one
+session's requests on one replica, for prefix reuse).
+
+Errors:
+    EngineError              this request failed (prompt too long, bad sampling
+                             options, a server's error reply); the engine serves others
+    +-- EngineUnavailable    the engine cannot serve any request: stopped, died,
+                             unreachable; a pool moves the request to another replica
 """
 
 from __future__ import annotations
@@ -15,7 +22,12 @@ from looprl.types import Generation, SamplingParams
 
 
 class EngineError(RuntimeError):
-    """The engine cannot serve a request (bad prompt, engine stopped, engine died)."""
+    """The engine could not serve this request; the message says why and what to change."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot serve any request: it was stopped, its process died, or it
+    cannot be reached."""
 
 
 class Engine(Protocol):
@@ -24,8 +36,14 @@ class Engine(Protocol):
         """Policy version of the weights currently loaded."""
         ...
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Sample a continuation of `prompt_ids`; concurrent calls are batched."""
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        """Sample a continuation of `prompt_ids`; concurrent calls are batched.
+
+        `session` names the conversation the request belongs to (the gateway's session
+        id): a pool routes one session's requests to one replica; an engine ignores it.
+        """
         ...
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -42,5 +60,6 @@ class Engine(Protocol):
 
     async def stop(self) -> None:
         """Release what the engine holds (its batcher, or the server it launched and the
-        weight files written for it); requests still unanswered fail with EngineError."""
+        weight files written for it); requests still unanswered fail with
+        EngineUnavailable."""
         ...

@@ -30,7 +30,8 @@ Concurrency contract:
   weights change and decoding halts exactly at a step boundary.
 - A failing step fails every running and waiting request with EngineError chained to
   the cause, and the task goes on serving new requests. `stop()` waits for the step in
-  flight, cancels the task, and fails every request left with EngineError.
+  flight, cancels the task, and fails every request left with EngineUnavailable (as
+  does the task ending any other way).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from transformers import PreTrainedModel
 
 from looprl.config import EngineConfig
 from looprl.diagnostics import oom_phase
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.fused import unsupported_reason
 from looprl.engines.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
@@ -183,8 +184,11 @@ class LocalEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Sample a continuation; waits while the batch is full or the engine paused."""
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        """Sample a continuation; waits while the batch is full or the engine paused.
+        `session` is not used: one engine serves every session."""
         self._validate(prompt_ids, sampling)
         await self.start()
         generator = None
@@ -313,7 +317,8 @@ class LocalEngine:
         return new
 
     def _fail_all(self, cause: Exception | None) -> None:
-        """Fail every running and waiting request (cause None: the engine stopped)."""
+        """Fail every running and waiting request (cause None: the engine stopped, and
+        cannot serve them: EngineUnavailable)."""
         requests = [*self._rows, *self._waiting]
         self._waiting.clear()
         self._reset_batch()
@@ -321,7 +326,7 @@ class LocalEngine:
             if request.future.done():
                 continue
             if cause is None:
-                error = EngineError("the local engine stopped before this request finished")
+                error = EngineUnavailable("the local engine stopped before this request finished")
             else:
                 error = EngineError(
                     f"the local engine failed while serving this request: "

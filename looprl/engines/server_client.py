@@ -1,10 +1,11 @@
 """HTTP calls from an engine adapter to its inference server, with errors that say why.
 
 Owns: one pooled `httpx.AsyncClient` per server, JSON in and out, and turning every
-failure into EngineError naming the server, the URL and the cause: a refused or
-dropped connection (with the last lines of the server's log when looprl launched it
-and it has exited), an error status (with the server's own message), a body that is
-not JSON. Control calls (pause, reload, resume) are retried once on a dropped
+failure into EngineError naming the server, the URL and the cause: an error status
+(with the server's own message), a body that is not JSON, and as EngineUnavailable
+(the server serves nothing more) a refused or dropped connection (with the last lines
+of the server's log when looprl launched it and it has exited) or a call after
+`close`. Control calls (pause, reload, resume) are retried once on a dropped
 connection: a server may close a kept-alive connection after an error response, and
 those calls are idempotent. Generation calls are not retried.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.server_process import ServerProcess
 
 # One call's bound; a generation is also bounded by rollout.timeout_s.
@@ -64,6 +65,11 @@ class ServerClient:
         params: dict | None = None,
         retry: bool,
     ) -> Any:
+        if self._client.is_closed:
+            raise EngineUnavailable(
+                f"the {self.name} at {self.url} was stopped (its engine's stop() closed the "
+                f"connection) before {method} {path}"
+            )
         attempts = 2 if retry else 1
         for attempt in range(attempts):
             try:
@@ -72,7 +78,7 @@ class ServerClient:
             except httpx.TransportError as e:
                 if attempt + 1 < attempts:
                     continue
-                raise EngineError(self._unreachable(path, e)) from e
+                raise EngineUnavailable(self._unreachable(path, e)) from e
         if response.status_code >= 400:
             raise EngineError(
                 f"the {self.name} at {self.url} answered {method} {path} with "

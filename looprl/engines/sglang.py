@@ -109,8 +109,11 @@ class SGLangEngine:
     def version(self) -> int:
         return self.server.version
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Sample a continuation; waits while a weight reload is under way."""
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        """Sample a continuation; waits while a weight reload is under way. `session` is
+        not used: the server's own prefix cache finds shared prefixes."""
         if not prompt_ids:
             raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
         if sampling.temperature > 0 and (sampling.top_k or sampling.top_p < 1):

@@ -361,12 +361,16 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {
+        report = {
             "status": "ok",
             "model": model_name,
             "open_sessions": len(store),
             "tool_call_errors": gateway.tool_call_errors,
         }
+        engine_stats = getattr(engine, "stats", None)  # an EnginePool: its replicas' health
+        if engine_stats is not None:
+            report["engine"] = engine_stats()
+        return report
 
     return app
 
@@ -697,9 +701,14 @@ class _Gateway:
         """Every choice; None if the client went away first. Raises 404 if the session
         closes first (its rollout ended). Either way the engine drops the generations."""
 
+        # The session id lets an engine pool keep its calls on one replica (prefix reuse).
+        routing = session.id if session is not None else None
+
         async def generate_all() -> list[Generation]:
             return list(
-                await asyncio.gather(*(self.engine.generate(call.prompt_ids, s) for s in sampling))
+                await asyncio.gather(
+                    *(self.engine.generate(call.prompt_ids, s, session=routing) for s in sampling)
+                )
             )
 
         task = asyncio.create_task(generate_all())
@@ -730,8 +739,10 @@ class _Gateway:
         Stops every generation still running when the client goes away.
         """
 
+        routing = session.id if session is not None else None
+
         async def indexed(i: int) -> tuple[int, Generation]:
-            return i, await self.engine.generate(call.prompt_ids, sampling[i])
+            return i, await self.engine.generate(call.prompt_ids, sampling[i], session=routing)
 
         tasks = [asyncio.ensure_future(indexed(i)) for i in range(len(sampling))]
         header = call.header(self.model_name, chunk=True)

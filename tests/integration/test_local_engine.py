@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.local import LocalEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.types import Generation, SamplingParams
@@ -355,8 +355,9 @@ async def test_step_failure_reaches_every_caller(tiny_engine, prompts, monkeypat
     results = await asyncio.gather(
         *(tiny_engine.generate(p, SamplingParams(4)) for p in prompts[:3]), return_exceptions=True
     )
-    for result in results:
+    for result in results:  # a failed step is not a dead engine: it serves the next request
         assert isinstance(result, EngineError) and "boom" in str(result)
+        assert not isinstance(result, EngineUnavailable)
         assert isinstance(result.__cause__, RuntimeError)
     monkeypatch.undo()
     assert len((await tiny_engine.generate(prompts[0], SamplingParams(4))).output_ids) == 4
@@ -367,7 +368,7 @@ async def test_stop_fails_waiting_requests(tiny_engine, prompts):
     pending = asyncio.create_task(tiny_engine.generate(prompts[0], SamplingParams(4)))
     await asyncio.sleep(0.05)
     await tiny_engine.stop()
-    with pytest.raises(EngineError, match="stopped"):
+    with pytest.raises(EngineUnavailable, match="stopped"):
         await pending
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from looprl.config import Config, EngineConfig, load_config
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
 from looprl.engines.sglang import SGLangEngine, sglang_command
 from looprl.models import load_model, load_tokenizer
@@ -188,7 +188,7 @@ async def test_a_server_that_is_gone_is_named_in_the_error(engine, server, token
     url, _, uvicorn_server = server
     uvicorn_server.should_exit = True
     await asyncio.sleep(1.0)  # uvicorn checks should_exit every 0.1 s
-    with pytest.raises(EngineError, match=rf"SGLang server at {url} could not be reached"):
+    with pytest.raises(EngineUnavailable, match=rf"SGLang server at {url} could not be reached"):
         await engine.generate(_prompt(tokenizer, "Hi"), SamplingParams(max_new_tokens=2))
 
 
