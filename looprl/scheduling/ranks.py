@@ -159,11 +159,7 @@ def _run_rank(
         timeout = timedelta(seconds=diagnostics.collective_timeout_s)
         store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=timeout)
         device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-        )
+        join_group(store, rank, world_size, backend, device, diagnostics.collective_timeout_s)
         fn(Rank(rank, world_size, device, run_dir, watchdog), *args)
         watchdog.beat()
         dist.destroy_process_group()
@@ -173,6 +169,27 @@ def _run_rank(
     except BaseException:
         _leave(run_dir, rank)
     watchdog.stop()
+
+
+def join_group(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    backend: str,
+    device: torch.device,
+    timeout_s: float,
+) -> None:
+    """Join the default process group through `store`, with `timeout_s` as every
+    collective's timeout; a CUDA `device` becomes this process's current device."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def _leave(run_dir: Path, rank: int) -> None:

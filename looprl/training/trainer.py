@@ -11,6 +11,12 @@ mini-batches take one optimizer step, accumulating gradients over FFD micro-batc
 whose losses are normalized by the whole mini-batch (see losses.py), so the update does
 not depend on `max_tokens_per_mb`. The LR schedule advances once per train_step, so
 `warmup_steps` and `total_steps` count train_steps, not optimizer steps.
+
+Data parallelism (distributed.py) changes four hooks, here the one-process ones: which
+rows of a (mini-)batch this process runs and in how many forward passes
+(`_micro_batch_plan`), the sum over processes (`_sum_over_ranks`), the gradient norm
+(`_clip_gradients`) and the gradients as full tensors (`full_gradients`). Besides, it runs
+the policy's forward passes under FSDP and keeps its state dicts unsharded.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ from looprl.runtime import tune_malloc
 from looprl.training.batch import (
     TrainBatch,
     micro_batch_indices,
-    split_micro_batches,
     split_mini_batches,
 )
 from looprl.training.losses import (
@@ -130,8 +135,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 with oom_phase("training", self._memory_settings):
                     stats = self.accumulate_gradients(mini)
-                norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-                stats["grad_norm"] = float(norm)
+                stats["grad_norm"] = self._clip_gradients()
                 self.optimizer.step()
                 steps.append(stats)
         self.optimizer.zero_grad(set_to_none=True)
@@ -158,16 +162,15 @@ class Trainer:
         given (one optimizer step per batch): the proximal logprobs are then this forward's,
         detached. `batch.ref_logprobs`, when filled, adds kl_coef x KL. Returns the loss,
         stats weighted by sampled tokens, and the counts `num_tokens` (non-pad tokens
-        through forward + backward) and `num_micro_batches`.
+        through forward + backward) and `num_micro_batches`, all over every process.
         """
         cfg = self.cfg
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
         eps_clip_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
         weighted: dict[str, float] = defaultdict(float)
-        total_loss = 0.0
-        micro_batches = split_micro_batches(batch, cfg.max_tokens_per_mb)
-        for mb in micro_batches:
-            mb = self._to_device(mb)
+        total_loss, num_micro_batches = 0.0, 0
+        for rows, counts in self._micro_batch_plan(batch.lengths):
+            mb = self._to_device(batch.select(rows))
             logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
             picked = mb.input_ids[mb.loss_mask]  # (K,)
             sampled = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
@@ -197,17 +200,36 @@ class Trainer:
                 loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)
                 stats["kl"] = masked_mean(kl.detach(), mb.loss_mask)
             del logits  # so two micro-batches' (B, T, V) logits are never alive at once
-            loss.backward()
-            total_loss += loss.item()
+            if counts:
+                loss.backward()
+                total_loss += loss.item()
+                num_micro_batches += 1
+            else:  # a pass that only keeps data-parallel ranks in step: zero gradient
+                loss.mul(0.0).backward()
             for key, value in stats.items():
-                weighted[key] += value * mb.num_sampled_tokens
-        out = {key: value / batch.num_sampled_tokens for key, value in weighted.items()}
+                weighted[key] += (value * mb.num_sampled_tokens) if counts else 0.0
+        # One sum over processes for every stat (insertion order: the same code ran on each).
+        keys = list(weighted)
+        local = [weighted[key] for key in keys] + [total_loss, float(num_micro_batches)]
+        *sums, total_loss, num_micro_batches = self._sum_over_ranks(
+            torch.tensor(local, dtype=torch.float64)
+        ).tolist()
+        out = {key: value / batch.num_sampled_tokens for key, value in zip(keys, sums, strict=True)}
         out.update(
             loss=total_loss,
             num_tokens=float(batch.num_tokens),
-            num_micro_batches=float(len(micro_batches)),
+            num_micro_batches=num_micro_batches,
         )
         return out
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """The accumulated gradients by parameter name, detached copies on the CPU (for tests
+        and diagnostics, e.g. after `accumulate_gradients`)."""
+        return {
+            name: p.grad.detach().cpu().clone()
+            for name, p in self.model.named_parameters()
+            if p.grad is not None
+        }
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
         """The current weights, detached. They share storage with the live parameters, so
@@ -231,11 +253,26 @@ class Trainer:
     @torch.no_grad()
     def _logprobs_without_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (N, T)
-        for rows in micro_batch_indices(batch.lengths, self.cfg.max_tokens_per_mb):
+        for rows, counts in self._micro_batch_plan(batch.lengths):
             mb = self._to_device(batch.select(rows))
             logprobs = token_logprobs(self._logits(model, mb), mb.input_ids)  # (n, t)
-            out[rows, : logprobs.shape[1]] = logprobs.cpu()
-        return out
+            if counts:
+                out[rows, : logprobs.shape[1]] = logprobs.cpu()
+        return self._sum_over_ranks(out)  # each row was computed by one process
+
+    def _micro_batch_plan(self, lengths: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
+        """This process's forward passes over a batch of `lengths` (N,): the rows (n_i,) of
+        each micro-batch and whether it counts. Here every row, FFD-packed; a data-parallel
+        rank takes its share and pads with passes that do not count (see distributed.py)."""
+        return [(rows, True) for rows in micro_batch_indices(lengths, self.cfg.max_tokens_per_mb)]
+
+    def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over data-parallel processes; one process has nothing to add."""
+        return values
+
+    def _clip_gradients(self) -> float:
+        """Clip the gradients to cfg.max_grad_norm; returns their norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
 
     def _sampled_logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
         """Float32 logits / temperature (K, V) only at the K positions that predict a
