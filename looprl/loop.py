@@ -14,7 +14,8 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +25,12 @@ from looprl import checkpoint as checkpoint_io
 from looprl.collect import workflow_for
 from looprl.config import Config
 from looprl.metrics import Metrics
-from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_model
+from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 from looprl.rollout import RolloutController
-from looprl.scheduling.local import launch_local
+from looprl.scheduling.local import LocalTrainer, launch_local
+from looprl.scheduling.parts import Parts, TrainerHandle
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch, sample_staleness
-from looprl.training.trainer import Trainer
 from looprl.watchdog import HangWatchdog, forget_processes
 
 log = logging.getLogger(__name__)
@@ -70,18 +71,11 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         cfg.task.name,
         run_dir,
     )
-    policy = load_model(cfg.model.path, cfg.model.dtype)
-    reference = load_model(cfg.model.path, cfg.model.dtype) if cfg.train.kl_coef > 0 else None
-    trainer = Trainer(
-        policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
-    )
     rows = DataStream(task.train, cfg.run.seed)
-    first_step = 1
-    if checkpoint is not None:
-        trainer.load_state_dict(checkpoint.trainer)
-        first_step = checkpoint.step + 1
-    async with launch_local(cfg, workflow_for(cfg, task), model=policy) as parts:
+    first_step = 1 if checkpoint is None else checkpoint.step + 1
+    async with launch(cfg, workflow_for(cfg, task)) as parts:
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
+        trainer = parts.trainer
         with (
             Metrics(run_dir, cfg.train.total_steps, show_progress=show_progress) as metrics,
             GracefulStop() as stop,
@@ -91,7 +85,8 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 metrics.status("evaluating the initial policy")
                 before = await evaluate(controller, task.eval, cfg, metrics, step=0)
             else:
-                await engine.update_weights(trainer.state_dict_for_engine(), trainer.version)
+                await trainer.load_state_dict(checkpoint.trainer)
+                await trainer.push_weights(engine)
                 before = restore(checkpoint, controller, rows, metrics)
             saver = Saver(cfg, trainer, controller, rows, metrics, last_step=first_step - 1)
             for step in range(first_step, cfg.train.total_steps + 1):
@@ -120,7 +115,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     },
                 )
                 if stop.signal is not None or saver.due(step):
-                    saver.save(step)
+                    await saver.save(step)
                 if stop.signal is not None:
                     raise Stopped(stop.signal, step, run_dir)
                 if (
@@ -132,11 +127,11 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     await evaluate(controller, task.eval, cfg, metrics, step=step)
                 watchdog.beat()  # the step's update, checkpoint and evaluation are done
             if saver.last_step < cfg.train.total_steps:
-                saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
+                await saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
             after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
             plot = metrics.plot()
-    model_dir = save_policy(trainer.model, tokenizer, run_dir / "model")
+            model_dir = await trainer.save_model(tokenizer, run_dir / "model")
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
     return TrainSummary(
         before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, run_dir, model_dir
@@ -197,7 +192,13 @@ class Saver:
     resumed from, 0 in a new run."""
 
     def __init__(
-        self, cfg: Config, trainer: Trainer, controller, rows, metrics: Metrics, last_step: int
+        self,
+        cfg: Config,
+        trainer: TrainerHandle,
+        controller,
+        rows,
+        metrics: Metrics,
+        last_step: int,
     ):
         self.cfg, self.trainer, self.controller = cfg, trainer, controller
         self.rows, self.metrics = rows, metrics
@@ -211,7 +212,7 @@ class Saver:
             or (every.save_every_secs > 0 and time.monotonic() - self.last >= every.save_every_secs)
         )
 
-    def save(self, step: int) -> None:
+    async def save(self, step: int) -> None:
         position = self.controller.earliest_untrained_position()
         state = {
             "data_position": self.rows.position if position is None else position,
@@ -222,7 +223,7 @@ class Saver:
         path = checkpoint_io.save(
             self.cfg.run_dir,
             step,
-            self.trainer.state_dict(),
+            await self.trainer.state_dict(),
             state,
             self.cfg.model_dump(mode="json"),
             self.cfg.checkpoint.keep_last,
@@ -303,23 +304,39 @@ class DataStream:
         return row
 
 
-async def train_step(trainer: Trainer, batch, engine) -> dict[str, float]:
+async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
     """One update, then the new weights to the engine (generations in flight go on).
 
-    The engine pauses at a token boundary while the trainer holds the cores, and the step
-    runs in a worker thread so that the event loop stays live: workflows, the gateway and
-    every timeout go on meanwhile (with the step on the loop's thread, a client's 5 s
-    connect timeout fired on a healthy request). The thread's own cost is within the
-    machine's noise (`bench/train_step_thread.py`: medians 0.95-1.17x of inline); Python
-    running on the loop meanwhile, e.g. asynchronous RL's rollouts, costs ~1.25x (GIL).
+    The engine pauses at a token boundary while the trainer holds the cores. A local
+    trainer steps in a worker thread, so that the event loop stays live: workflows, the
+    gateway and every timeout go on meanwhile (with the step on the loop's thread, a
+    client's 5 s connect timeout fired on a healthy request). The thread's own cost is
+    within the machine's noise (`bench/train_step_thread.py`: medians 0.95-1.17x of
+    inline); Python running on the loop meanwhile, e.g. asynchronous RL's rollouts, costs
+    ~1.25x (GIL).
     """
     await engine.pause()
     try:
-        stats = await asyncio.to_thread(trainer.train_step, batch)
-        await engine.update_weights(trainer.state_dict_for_engine(), trainer.version)
+        stats = await trainer.train_step(batch)
+        await trainer.push_weights(engine)
     finally:
         await engine.resume()
     return stats
+
+
+@asynccontextmanager
+async def launch(cfg: Config, workflow) -> AsyncIterator[Parts]:
+    """The parts of a training run under `scheduler.type`: everything in this process
+    (local), or engine replicas and trainer ranks as Ray actors (ray)."""
+    if cfg.scheduler.type == "ray":
+        from looprl.scheduling.ray import launch_ray  # imports ray, only when asked for
+
+        async with launch_ray(cfg, workflow) as parts:
+            yield parts
+        return
+    trainer = LocalTrainer.for_config(cfg)
+    async with launch_local(cfg, workflow, trainer=trainer) as parts:
+        yield parts
 
 
 async def evaluate(
@@ -338,10 +355,3 @@ async def evaluate(
     stats = result.stats()
     metrics.log("eval", step, stats)
     return stats["accuracy"] if stats["accuracy"] == stats["accuracy"] else 0.0
-
-
-def save_policy(model: torch.nn.Module, tokenizer, out: Path) -> Path:
-    """Save as a Hugging Face folder (safetensors, tokenizer, chat template)."""
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.models import default_model_dir, load_tokenizer
+from looprl.models import default_model_dir, load_model, load_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +57,17 @@ def tool_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
     from tests.tool_model import train_tool_model
 
     return train_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool-llama"))
+
+
+@pytest.fixture(scope="session")
+def peaked_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny random model with its output head scaled up, so that, like a trained LM, it
+    puts most mass on a few tokens per context (a uniform policy over 49k tokens gives
+    policy gradient nothing to move in a few steps)."""
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    out = tmp_path_factory.mktemp("peaked")
+    model.save_pretrained(out)
+    load_tokenizer(tiny_model_dir).save_pretrained(out)
+    return out

@@ -1,84 +1,122 @@
-"""Everything in one process: the engine, the gateway and the rollout controller.
+"""Everything in one process: the engine, the gateway, the rollout controller and the
+trainer.
 
 `launch_local` builds them for a config and tears them down in reverse order. Because
 every part shares one event loop and one process, an ordinary debugger and
 `breakpoint()` work anywhere, workflows included. The engine is the in-process local
 one, or (engine.type=vllm/sglang) an adapter to a server process it launches.
+`LocalTrainer` is the loop's handle on a `Trainer` in this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from looprl.config import Config
+from looprl.config import Config, ConfigError
 from looprl.diagnostics import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
-from looprl.gateway.app import create_app
-from looprl.gateway.server import GatewayServer
-from looprl.gateway.sessions import SessionStore
 from looprl.models import load_model, load_tokenizer
-from looprl.rollout import RolloutController
+from looprl.scheduling.parts import Parts, serve
+from looprl.training.batch import TrainBatch
+from looprl.training.trainer import Trainer
 from looprl.workflow import Workflow
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LocalParts:
-    engine: Engine
-    gateway: GatewayServer
-    store: SessionStore
-    controller: RolloutController
-    tokenizer: Any
+class LocalTrainer:
+    """A `Trainer` in this process, behind the loop's `TrainerHandle` calls. A step runs
+    in a worker thread, so that the event loop (gateway, workflows, timeouts) stays live."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+
+    @classmethod
+    def for_config(cls, cfg: Config, policy: nn.Module | None = None) -> LocalTrainer:
+        policy = policy if policy is not None else load_model(cfg.model.path, cfg.model.dtype)
+        reference = load_model(cfg.model.path, cfg.model.dtype) if cfg.train.kl_coef > 0 else None
+        return cls(
+            Trainer(
+                policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
+            )
+        )
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        return await asyncio.to_thread(self.trainer.train_step, batch)
+
+    async def push_weights(self, engine: Engine) -> None:
+        await engine.update_weights(self.trainer.state_dict_for_engine(), self.trainer.version)
+
+    async def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+
+    async def save_model(self, tokenizer, out: Path) -> Path:
+        return save_policy(self.trainer.model, tokenizer, out)
+
+
+def save_policy(model: nn.Module, tokenizer, out: Path) -> Path:
+    """Save as a Hugging Face folder (safetensors, tokenizer, chat template)."""
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 @asynccontextmanager
 async def launch_local(
-    cfg: Config, workflow: Workflow, *, model: nn.Module | None = None
-) -> AsyncIterator[LocalParts]:
-    """Start engine + gateway + controller; the engine copies `model` (e.g. the trainer's
-    policy) when given, else loads the configured model."""
+    cfg: Config,
+    workflow: Workflow,
+    *,
+    model: nn.Module | None = None,
+    trainer: LocalTrainer | None = None,
+) -> AsyncIterator[Parts]:
+    """Start engine + gateway + controller; the engine copies `model` (or the trainer's
+    policy) when given, else loads the configured model. `trainer` is passed through to
+    the parts, for the training loop."""
+    check_local(cfg)
     tokenizer = load_tokenizer(cfg.model.path)
+    if model is None and trainer is not None:
+        model = trainer.trainer.model
     engine_model = model if model is not None else load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
         engine = await start_engine(cfg, engine_model, tokenizer, cfg.run_dir)
-    store = SessionStore()
-    app = create_app(
-        engine,
-        tokenizer,
-        model_name=cfg.model.name,
-        store=store,
-        default_sampling=cfg.sampling,
-        max_model_len=cfg.engine.max_model_len or engine_model.config.max_position_embeddings,
-    )
-    server = GatewayServer(app, host=cfg.gateway.host, port=cfg.gateway.port)
     try:
-        await server.start()
-    except BaseException:
-        await engine.stop()  # a launched server process must not outlive the run
-        raise
-    log.info("Gateway listening on %s", server.url)
-    controller = RolloutController(
-        server,
-        workflow,
-        cfg.rollout,
-        model_name=cfg.model.name,
-        version=lambda: engine.version,
-        decode=tokenizer.decode,
-        seed=cfg.run.seed,
-        # The trainer recomputes logprobs at this temperature, so agents may not change it.
-        sampling_overrides={"temperature": cfg.sampling.temperature},
-    )
-    try:
-        yield LocalParts(engine, server, store, controller, tokenizer)
+        max_len = engine_model.config.max_position_embeddings
+        async with serve(cfg, engine, tokenizer, workflow, max_model_len=max_len) as parts:
+            parts.trainer = trainer
+            yield parts
     finally:
-        await controller.close()
-        await server.stop()
-        await engine.stop()
+        await engine.stop()  # a launched server process must not outlive the run
+
+
+def check_local(cfg: Config) -> None:
+    """scheduler.type=local runs one engine and one trainer in this process."""
+    sched = cfg.scheduler
+    for field, value in (
+        ("engine_replicas", sched.engine_replicas),
+        ("trainer_ranks", sched.trainer_ranks),
+    ):
+        if value is not None and value > 1:
+            raise ConfigError(
+                f"scheduler.{field}={value} needs scheduler.type=ray: scheduler.type=local "
+                "runs one engine and one trainer in this process"
+            )
+    if sched.allocation is not None:
+        raise ConfigError(
+            f"scheduler.allocation={sched.allocation!r} places actors on devices, which needs "
+            "scheduler.type=ray"
+        )

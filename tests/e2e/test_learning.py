@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from openai import AsyncOpenAI
 
 from looprl.config import load_config
 from looprl.loop import train
-from looprl.models import load_model, load_tokenizer
 
 
 class EvenTokenAgent:
@@ -25,20 +23,6 @@ class EvenTokenAgent:
             )
         ids = response.choices[0].token_ids  # extra field: the sampled token ids
         return sum(i % 2 == 0 for i in ids) / len(ids)
-
-
-@pytest.fixture
-def peaked_model_dir(tiny_model_dir, tmp_path):
-    """The tiny random model with its output head scaled up, so that, like a trained LM, it
-    puts most mass on a few tokens per context (a uniform policy over 49k tokens gives
-    policy gradient nothing to move in a few steps)."""
-    model = load_model(tiny_model_dir)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(8.0)
-    out = tmp_path / "peaked"
-    model.save_pretrained(out)
-    load_tokenizer(tiny_model_dir).save_pretrained(out)
-    return out
 
 
 @pytest.mark.slow

@@ -1,0 +1,504 @@
+"""The Ray scheduler: engine replicas and trainer ranks as Ray actors.
+
+`launch_ray(cfg, workflow)` joins the cluster at `scheduler.ray_address` (or starts a
+local Ray for this run), plans where every actor goes (scheduling/placement.py: the
+allocation string or the explicit fields, devices left idle named in a warning), and
+starts one `EngineReplica` actor per engine replica and one `TrainerRank` actor per
+trainer rank. This process, the driver, keeps the gateway, the rollout controller and
+the loop: the gateway serves from an `EnginePool` of `RayEngine` handles (least
+outstanding tokens, sessions sticky, a dead replica's requests retried on another),
+and the loop trains through `RankGroup`, a `TrainerHandle` over the ranks.
+
+Trainer ranks form one torch.distributed group (gloo on CPU, NCCL on GPU) through a
+TCPStore hosted by rank 0, with `diagnostics.collective_timeout_s` as the collective
+timeout; each runs a `DataParallelTrainer` (FSDP2 when there is more than one) and a
+hang watchdog registered as `rank N`. Every rank gets the same batch (through Ray's
+object store) and takes its share. A rank that fails stops every rank at once, and the
+error raised in the driver is that rank's own traceback.
+
+Weights reach the replicas (`scheduler.weight_sync`) through Ray's object store
+(`memory`: rank 0 puts the full state dict once, each replica fetches it; on one node
+that is shared memory), or by `broadcast` from rank 0 over a separate process group in
+buckets (engines/broadcast.py: NCCL on GPU, gloo on CPU; local engines). A vLLM or
+SGLang replica writes what it receives as a weight folder under its own
+`<run_dir>/engines/replica-N/` and reloads its server from it, as it does locally.
+Versions travel with the weights.
+
+On a cluster, `run.fileroot` must be on storage every node sees (checkpoints and
+weight folders are written by actors on other nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from looprl.config import Config
+from looprl.engines.base import EngineUnavailable
+from looprl.engines.pool import EnginePool
+from looprl.models import load_model, load_tokenizer
+from looprl.scheduling.local import save_policy
+from looprl.scheduling.parts import Parts, serve
+from looprl.scheduling.placement import Plan, cluster_nodes, resolve
+from looprl.scheduling.ranks import RankFailed, join_group
+from looprl.training.batch import TrainBatch
+from looprl.types import Generation, SamplingParams
+from looprl.workflow import Workflow
+
+log = logging.getLogger(__name__)
+
+COLLOCATED_MEMORY_FRACTION = 0.45  # of a GPU, for a vLLM/SGLang server beside a trainer rank
+
+
+# ---- in the actors ------------------------------------------------------------------
+
+
+def _actor_setup(cfg_data: dict[str, Any], threads: int) -> Config:
+    cfg = Config.model_validate(cfg_data)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("looprl").setLevel(cfg.run.log_level)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return cfg
+
+
+def _device() -> torch.device:
+    """The GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class EngineReplica:
+    """One engine (local, or a vLLM / SGLang server it launches) in a Ray actor.
+
+    An async actor: concurrent `generate` calls reach the engine together and batch."""
+
+    def __init__(self, cfg_data: dict[str, Any], index: int, threads: int):
+        self.cfg = _actor_setup(cfg_data, threads)
+        self.index = index
+        self.engine = None
+        self.receiver = None
+
+    async def start(self) -> dict[str, Any]:
+        from looprl.engines.launch import start_engine
+        from looprl.watchdog import register
+
+        cfg = self.cfg
+        run_dir = cfg.run_dir / "engines" / f"replica-{self.index}"
+        tokenizer = load_tokenizer(cfg.model.path)
+        self.model = load_model(cfg.model.path).to(_device())
+        self.engine = await start_engine(cfg, self.model, tokenizer, run_dir)
+        register(cfg.run_dir, f"engine-{self.index}", role="engine", rank=None)
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        return await self.engine.generate(prompt_ids, sampling)
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        await self.engine.update_weights(state_dict, version)
+        return self.engine.version
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.stop()
+
+    async def join_weight_group(self, host: str, port: int, rank: int, world: int) -> None:
+        from looprl.engines.broadcast import WeightReceiver, weight_sync_group
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        timeout = self.cfg.diagnostics.collective_timeout_s
+        group = await asyncio.to_thread(
+            weight_sync_group, host, port, rank, world, backend, timeout
+        )
+        self.receiver = WeightReceiver(group)
+
+    async def receive_weights(self) -> int:
+        """Receive the buckets rank 0 broadcasts, then load them into the engine. Each
+        bucket arrives in one reused buffer, hence the copies."""
+        received: dict[str, torch.Tensor] = {}
+
+        def keep(bucket: dict[str, torch.Tensor]) -> None:
+            received.update({name: t.clone() for name, t in bucket.items()})
+
+        version = await asyncio.to_thread(self.receiver.receive, keep)
+        await self.engine.update_weights(received, version)
+        return version
+
+
+class TrainerRank:
+    """One data-parallel trainer rank in a Ray actor (calls run one at a time)."""
+
+    def __init__(self, cfg_data: dict[str, Any], rank: int, world_size: int, threads: int):
+        self.cfg = _actor_setup(cfg_data, threads)
+        self.rank, self.world_size = rank, world_size
+        self.store: dist.TCPStore | None = None
+
+    def open_store(self) -> tuple[str, int]:
+        """Rank 0: host the TCPStore the ranks meet at; returns its address."""
+        from datetime import timedelta
+
+        timeout = timedelta(seconds=self.cfg.diagnostics.collective_timeout_s)
+        host = ray.util.get_node_ip_address()
+        self.store = dist.TCPStore(
+            host, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=timeout
+        )
+        return host, self.store.port
+
+    def setup(self, host: str, port: int) -> dict[str, Any]:
+        """Join the group, start the hang watchdog, load the policy and build the trainer."""
+        from datetime import timedelta
+
+        from looprl.training.distributed import DataParallelTrainer
+        from looprl.watchdog import HangWatchdog
+
+        cfg = self.cfg
+        timeout_s = cfg.diagnostics.collective_timeout_s
+        device = _device()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = self.store or dist.TCPStore(
+            host, port, self.world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+        join_group(store, self.rank, self.world_size, backend, device, timeout_s)
+        self.watchdog = HangWatchdog(
+            cfg.run_dir, f"rank-{self.rank}", cfg.diagnostics, role="rank", rank=self.rank
+        ).start()
+        torch.manual_seed(cfg.run.seed)
+        policy = load_model(cfg.model.path, cfg.model.dtype).to(device)
+        reference = None
+        if cfg.train.kl_coef > 0:
+            reference = load_model(cfg.model.path, cfg.model.dtype).to(device)
+        self.trainer = DataParallelTrainer(
+            policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
+        )
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "backend": backend}
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        stats = self.trainer.train_step(batch)
+        self.watchdog.beat()
+        return stats
+
+    def weights(self) -> list[ray.ObjectRef] | None:
+        """The full weights (a collective: every rank calls it). Rank 0 puts them in the
+        object store once and returns [ref], which replicas fetch without the driver."""
+        state = self.trainer.state_dict_for_engine()
+        return [ray.put(state)] if self.rank == 0 else None
+
+    def join_weight_group(self, host: str, port: int, world: int) -> None:
+        from looprl.engines.broadcast import WeightSender, weight_sync_group
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        timeout = self.cfg.diagnostics.collective_timeout_s
+        group = weight_sync_group(host, port, 0, world, backend, timeout)
+        self.sender = WeightSender(group, self.cfg.scheduler.bucket_mb << 20)
+
+    def weight_group_address(self) -> tuple[str, int]:
+        from looprl.engines.server_process import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def broadcast_weights(self) -> None:
+        """Every rank gathers the full weights; rank 0 broadcasts them to the replicas."""
+        state = self.trainer.state_dict_for_engine()
+        if self.rank == 0:
+            self.sender.send(state, self.trainer.version)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        state = self.trainer.state_dict()  # a collective
+        return state if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def stop(self) -> None:
+        self.watchdog.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ---- in the driver ------------------------------------------------------------------
+
+
+class RayEngine:
+    """The Engine protocol over one `EngineReplica` actor. A replica that died (its
+    process killed, its node lost) raises EngineUnavailable, which the pool acts on; an
+    error the engine raised arrives as itself (e.g. EngineError for a bad prompt)."""
+
+    def __init__(self, actor, name: str, info: dict[str, Any]):
+        self.actor, self.name, self.info = actor, name, info
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        return await self._call(self.actor.generate.remote(prompt_ids, sampling))
+
+    async def update_weights(self, state_dict, version: int) -> None:
+        """`state_dict`: a dict of tensors, or a Ray ObjectRef of one (fetched by the
+        replica itself, not through this process)."""
+        self._version = await self._call(self.actor.update_weights.remote(state_dict, version))
+
+    async def receive_weights(self) -> None:
+        self._version = await self._call(self.actor.receive_weights.remote())
+
+    async def pause(self) -> None:
+        await self._call(self.actor.pause.remote())
+
+    async def resume(self) -> None:
+        await self._call(self.actor.resume.remote())
+
+    async def stop(self) -> None:
+        with suppress(EngineUnavailable, TimeoutError):  # dead or stuck: killed below
+            await asyncio.wait_for(self._call(self.actor.stop.remote()), timeout=60)
+        ray.kill(self.actor)
+
+    async def _call(self, ref: Awaitable):
+        try:
+            return await ref
+        except RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+        except RayActorError as e:
+            where = f"pid {self.info.get('pid')} on {self.info.get('node')}"
+            why = str(e).strip().splitlines()[0]  # Ray's first line; the rest is its advice
+            raise EngineUnavailable(f"engine {self.name} ({where}) died: {why}") from e
+
+
+class RankGroup:
+    """The loop's `TrainerHandle` over the trainer rank actors."""
+
+    def __init__(self, cfg: Config, ranks: list, weight_sync: str):
+        self.cfg, self.ranks, self.weight_sync = cfg, ranks, weight_sync
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        ref = ray.put(batch)
+        stats = await self._all("train_step", ref)
+        self._version += 1
+        return stats[0]
+
+    async def push_weights(self, engine: EnginePool) -> None:
+        if self.weight_sync == "broadcast":
+            replicas = engine.healthy_engines()
+            await asyncio.gather(
+                self._all("broadcast_weights"), *(r.receive_weights() for r in replicas)
+            )
+            return
+        (state_ref,) = (await self._all("weights"))[0]
+        await engine.update_weights(state_ref, self._version)
+
+    async def state_dict(self) -> dict[str, Any]:
+        return (await self._all("state_dict"))[0]
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        await self._all("load_state_dict", ray.put(state))
+        self._version = state["version"]
+
+    async def save_model(self, tokenizer, out: Path) -> Path:
+        (state_ref,) = (await self._all("weights"))[0]
+        model = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        model.load_state_dict(await state_ref)
+        return save_policy(model, tokenizer, out)
+
+    async def stop(self) -> None:
+        with suppress(RankFailed, TimeoutError):  # a rank that fails here is killed below
+            await asyncio.wait_for(self._all("stop"), timeout=30)
+        for actor in self.ranks:
+            ray.kill(actor)
+
+    async def _all(self, method: str, *args) -> list[Any]:
+        """Call `method` on every rank; the first failure kills every rank and raises
+        RankFailed with that rank's traceback (a peer's later collective error is not it)."""
+        calls = {
+            asyncio.ensure_future(getattr(actor, method).remote(*args)): rank
+            for rank, actor in enumerate(self.ranks)
+        }
+        pending = set(calls)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                first = min(failed, key=lambda f: calls[f])
+                for actor in self.ranks:
+                    ray.kill(actor)
+                for f in pending:
+                    f.cancel()
+                raise _rank_failed(calls[first], len(self.ranks), first.exception())
+        return [f.result() for f in sorted(calls, key=calls.get)]
+
+
+def _rank_failed(rank: int, world: int, error: BaseException) -> RankFailed:
+    if isinstance(error, RayTaskError):
+        message = f"trainer rank {rank} of {world} raised; every rank was stopped:\n\n{error}"
+        return RankFailed(message, rank, {}, str(error))
+    message = (
+        f"trainer rank {rank} of {world} died ({error}); every rank was stopped. A process "
+        "killed by SIGKILL is often the kernel's out-of-memory killer (see `dmesg`)"
+    )
+    return RankFailed(message, rank, {}, None)
+
+
+def _resolve_weight_sync(cfg: Config) -> str:
+    mode = cfg.scheduler.weight_sync
+    if mode == "folder":
+        mode = "memory"  # servers write what they receive as a folder of their own
+        log.info("scheduler.weight_sync=folder: each server replica writes its own folder")
+    if mode == "broadcast" and cfg.engine.type != "local":
+        raise ValueError(
+            f"scheduler.weight_sync=broadcast loads weights into local engines; engine.type="
+            f"{cfg.engine.type} servers load folders: use scheduler.weight_sync=memory"
+        )
+    return "memory" if mode == "auto" else mode
+
+
+@asynccontextmanager
+async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
+    """Engine replicas and trainer ranks as Ray actors; gateway and controller here."""
+    weight_sync = _resolve_weight_sync(cfg)
+    started = not ray.is_initialized()
+    if started:
+        address = cfg.scheduler.ray_address
+        log.info("Starting Ray" if address is None else f"Joining the Ray cluster at {address}")
+        ray.init(
+            address=address,
+            num_cpus=os.cpu_count() if address is None else None,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
+    engines: list[RayEngine] = []
+    group: RankGroup | None = None
+    try:
+        plan = resolve(cfg, cluster_nodes())
+        for warning in plan.warnings:
+            log.warning("%s", warning)
+        log.info("%s", plan.describe())
+        group = await _start_ranks(cfg, plan, weight_sync)
+        engines = await _start_engines(cfg, plan)
+        if weight_sync == "broadcast":
+            await _join_weight_group(group, engines)
+        pool = EnginePool(engines, names=[e.name for e in engines])
+        tokenizer = load_tokenizer(cfg.model.path)
+        max_len = load_model_config(cfg.model.path).max_position_embeddings
+        async with serve(cfg, pool, tokenizer, workflow, max_model_len=max_len) as parts:
+            parts.trainer = group
+            yield parts
+    finally:
+        await asyncio.gather(*(e.stop() for e in engines), return_exceptions=True)
+        if group is not None:
+            await group.stop()
+        if started:
+            ray.shutdown()
+
+
+def load_model_config(path: str):
+    from transformers import AutoConfig
+
+    from looprl.models import resolve_model_path
+
+    return AutoConfig.from_pretrained(resolve_model_path(str(path)))
+
+
+async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
+    data = cfg.model_dump(mode="json")
+    world = len(plan.trainers)
+    actors = [
+        ray.remote(TrainerRank)
+        .options(num_cpus=0, **bundle.ray_options())
+        .remote(data, rank, world, _threads(plan.trainers, bundle))
+        for rank, bundle in enumerate(plan.trainers)
+    ]
+    group = RankGroup(cfg, actors, weight_sync)
+    log.info("Starting %d trainer rank(s)", world)
+    try:
+        host, port = await actors[0].open_store.remote()
+        infos = await group._all("setup", host, port)
+    except RayError as e:
+        for actor in actors:
+            ray.kill(actor)
+        raise RankFailed(f"trainer ranks could not start: {e}", 0, {}, None) from e
+    for rank, info in enumerate(infos):
+        log.info(
+            "Trainer rank %d: pid %s on %s (%s)", rank, info["pid"], info["node"], info["backend"]
+        )
+    return group
+
+
+async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
+    engine_cfg = cfg.engine.model_copy(update={"tensor_parallel_size": plan.tensor_parallel_size})
+    collocated_gpus = plan.placement == "collocated" and any(b.gpu_ids for b in plan.engines)
+    if collocated_gpus and engine_cfg.type != "local" and engine_cfg.gpu_memory_fraction is None:
+        # A server sizes its KV cache to ~90% of the GPU by default: none left for the rank.
+        engine_cfg.gpu_memory_fraction = COLLOCATED_MEMORY_FRACTION
+        log.info(
+            "Collocated engines get engine.gpu_memory_fraction=%.2f of each GPU; the rest is "
+            "the trainer rank's (set engine.gpu_memory_fraction to change it)",
+            COLLOCATED_MEMORY_FRACTION,
+        )
+    data = cfg.model_copy(update={"engine": engine_cfg}).model_dump(mode="json")
+    actors = [
+        ray.remote(EngineReplica)
+        .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
+        .remote(data, index, _threads(plan.engines, bundle))
+        for index, bundle in enumerate(plan.engines)
+    ]
+    log.info("Starting %d engine replica(s) (%s)", len(actors), cfg.engine.type)
+    engines = []
+    try:
+        infos = await asyncio.gather(*(actor.start.remote() for actor in actors))
+    except RayError:
+        for actor in actors:
+            ray.kill(actor)
+        raise
+    for index, (actor, info) in enumerate(zip(actors, infos, strict=True)):
+        name = f"replica-{index}"
+        log.info("Engine %s: pid %s on %s", name, info["pid"], info["node"])
+        engines.append(RayEngine(actor, name, info))
+    return engines
+
+
+def _threads(bundles, bundle) -> int:
+    """Torch threads for an actor: its node's CPUs shared by the actors of its kind there
+    (engines decode at once; ranks step at once; the two take turns)."""
+    cpus = {
+        node["NodeManagerAddress"]: int(node["Resources"].get("CPU", 1))
+        for node in ray.nodes()
+        if node["Alive"]
+    }
+    peers = sum(b.node_ip == bundle.node_ip for b in bundles)
+    return max(1, cpus.get(bundle.node_ip, 1) // peers)
+
+
+async def _join_weight_group(group: RankGroup, engines: list[RayEngine]) -> None:
+    world = 1 + len(engines)
+    host, port = await group.ranks[0].weight_group_address.remote()
+    await asyncio.gather(
+        group.ranks[0].join_weight_group.remote(host, port, world),
+        *(
+            e.actor.join_weight_group.remote(host, port, i + 1, world)
+            for i, e in enumerate(engines)
+        ),
+    )

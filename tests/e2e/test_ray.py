@@ -1,0 +1,126 @@
+"""The Ray scheduler on this CPU: engine replicas and trainer ranks as real Ray actors
+(a local Ray started by the run), the driver keeping the gateway and the controller."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from looprl.config import load_config
+from looprl.loop import train
+from looprl.scheduling.ray import launch_ray
+from looprl.watchdog import registered
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("weight_sync", ["memory", "broadcast"])
+async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
+    peaked_model_dir, tmp_path, weight_sync
+):
+    """The toy reward of tests/e2e/test_learning.py (fraction of even token ids), trained
+    by 2 gloo ranks (FSDP2) with 2 engine replicas behind the gateway; new weights reach
+    the replicas through Ray's object store, or broadcast in buckets from rank 0 (gloo
+    here, the NCCL path on GPUs)."""
+    cfg = load_config(
+        None,
+        [
+            f"model.path={peaked_model_dir}",
+            "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
+            f"run.fileroot={tmp_path}",
+            "scheduler.type=ray",
+            "scheduler.engine_replicas=2",
+            "scheduler.trainer_ranks=2",
+            f"scheduler.weight_sync={weight_sync}",
+            "scheduler.bucket_mb=1",  # several buckets
+            "engine.dtype=float32",
+            "train.autocast_bf16=false",
+            "train.lr=3e-3",
+            "train.total_steps=10",
+            "rollout.batch_size=4",
+            "rollout.group_size=8",
+            "sampling.max_new_tokens=8",
+            "eval.every_steps=0",
+            "eval.size=4",
+            "eval.max_new_tokens=8",
+        ],
+    )
+    summary = await train(cfg, show_progress=False)
+
+    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, 11))
+    # Every step sampled with the weights of the step before: both replicas got them.
+    assert [r["version"] for r in steps] == list(range(1, 11))
+    assert [r["staleness_max"] for r in steps] == [0] * 10
+    first = sum(r["reward_mean"] for r in steps[:3]) / 3
+    last = sum(r["reward_mean"] for r in steps[-3:]) / 3
+    rewards = [round(r["reward_mean"], 3) for r in steps]
+    print(f"toy rewards per step (ray, 2 replicas, 2 ranks, {weight_sync}):", rewards)
+    assert last > first + 0.15, rewards
+    names = {p.name for p in registered(cfg.run_dir)}
+    assert {"rank-0", "rank-1", "engine-0", "engine-1", "driver"} <= names, names
+    assert (summary.model_dir / "model.safetensors").is_file()
+
+
+class LongAnswer:
+    """One chat call sampling 96 tokens; reward 1 when it came back whole."""
+
+    async def run(self, data, *, base_url, api_key, model, **kw):
+        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            response = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": data["question"]}],
+                max_tokens=96,
+            )
+        return float(len(response.choices[0].token_ids) > 0)
+
+
+async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_other(
+    tiny_model_dir, tmp_path
+):
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"run.fileroot={tmp_path}",
+            "scheduler.type=ray",
+            "scheduler.engine_replicas=2",
+            "engine.dtype=float32",
+            "sampling.temperature=1.0",
+        ],
+    )
+    rows = [{"question": f"Count to {i}."} for i in range(8)]
+    async with launch_ray(cfg, LongAnswer()) as parts:
+        pool = parts.engine
+        run = asyncio.create_task(parts.controller.rollout_batch(rows, group_size=1))
+        for _ in range(600):  # wait until both replicas are decoding
+            busy = [r["outstanding_requests"] for r in pool.stats()["replicas"].values()]
+            if all(n > 0 for n in busy):
+                break
+            await asyncio.sleep(0.05)
+        assert all(n > 0 for n in busy), pool.stats()
+        victim = pool.engines[0]
+        os.kill(victim.info["pid"], signal.SIGKILL)
+        result = await asyncio.wait_for(run, timeout=300)
+
+        stats = result.stats()
+        assert stats["completed"] == 8 and stats["failed"] == 0, stats
+        health = pool.stats()
+        replicas = health["replicas"]
+        assert replicas["replica-0"]["healthy"] is False
+        assert "died" in replicas["replica-0"]["unhealthy_reason"]
+        assert replicas["replica-1"]["healthy"] is True
+        assert health["retries"] >= 1
+        async with httpx.AsyncClient() as http:  # what the gateway tells a user
+            reported = (await http.get(f"{parts.gateway.url}/health")).json()["engine"]
+        assert reported["replicas"]["replica-0"]["healthy"] is False
+        # The pool goes on with the survivor: its version, and new requests, are its own.
+        again = await parts.controller.rollout_batch(rows[:2], group_size=1)
+        assert again.stats()["completed"] == 2
