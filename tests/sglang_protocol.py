@@ -19,7 +19,9 @@ from sgl-project/sglang:
   POST /update_weights_from_disk {model_path, load_format, abort_all_requests,
   weight_version, flush_cache, ...} -> {"success", "message", "num_paused_requests"}
   (400 on failure); POST /pause_generation {"mode": "abort"|"retract"|"in_place"};
-  POST /continue_generation; POST /flush_cache; GET /health; GET /get_model_info.
+  POST /continue_generation; POST /flush_cache; GET /health; GET /get_model_info;
+  POST /release_memory_occupation and /resume_memory_occupation {"tags"} (a server
+  started with --enable-memory-saver; loading weights while released fails here).
 
 What it does not model: batching, the radix cache, streaming. Requests made while
 paused wait until /continue_generation, as SGLang's scheduler holds them. Every control
@@ -91,6 +93,13 @@ class UpdateWeightFromDiskReqInput(BaseModel):
     flush_cache: bool = True
 
 
+class MemoryOccupationReqInput(BaseModel):
+    """Release/ResumeMemoryOccupationReqInput (needs --enable-memory-saver)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tags: list[str] | None = None  # weights, kv_cache, ...; None: all
+
+
 class PauseGenerationReqInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: Literal["abort", "retract", "in_place"] = "abort"
@@ -104,6 +113,7 @@ class ServerState:
     weight_version: str = "default"
     paused: bool = False
     calls: list[tuple[str, dict]] = field(default_factory=list)
+    released: bool = False  # /release_memory_occupation until /resume_memory_occupation
     running: int = 0
     aborted: bool = False
     seconds_per_token: float = 0.0  # slows generation down, to test pausing mid-request
@@ -161,6 +171,18 @@ def create_app(model_dir: Path, *, seconds_per_token: float = 0.0) -> tuple[Fast
         resumed.set()
         return {"message": "Generation continued successfully.", "status": "ok"}
 
+    @app.post("/release_memory_occupation")
+    async def release_memory_occupation(req: MemoryOccupationReqInput) -> dict:
+        state.calls.append(("/release_memory_occupation", req.model_dump()))
+        state.released = True
+        return {"success": True, "message": ""}
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory_occupation(req: MemoryOccupationReqInput) -> dict:
+        state.calls.append(("/resume_memory_occupation", req.model_dump()))
+        state.released = False
+        return {"success": True, "message": ""}
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Any:
         state.calls.append(("/flush_cache", {}))
@@ -169,6 +191,10 @@ def create_app(model_dir: Path, *, seconds_per_token: float = 0.0) -> tuple[Fast
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: UpdateWeightFromDiskReqInput) -> Any:
         state.calls.append(("/update_weights_from_disk", req.model_dump()))
+        if state.released:  # the weights' memory is gone until resume_memory_occupation
+            return JSONResponse(
+                {"success": False, "message": "memory released; resume it first"}, 400
+            )
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
                 req.model_path, dtype=torch.float32, output_loading_info=True

@@ -38,6 +38,10 @@ class ServerCalls:
     pause: Callable[[ServerClient], Awaitable[object]]
     resume: Callable[[ServerClient], Awaitable[object]]
     load: Callable[[ServerClient, Path, int], Awaitable[None]]  # (folder, its version)
+    # Free the GPU memory of the weights and KV cache while paused, and take it back
+    # (a collocated trainer steps in between); None where the server cannot.
+    release: Callable[[ServerClient], Awaitable[object]] | None = None
+    reacquire: Callable[[ServerClient], Awaitable[object]] | None = None
 
 
 class ReloadableServer:
@@ -62,6 +66,7 @@ class ReloadableServer:
         self._gate = RequestGate()
         self._control_lock = asyncio.Lock()
         self._paused = False
+        self._released = False
 
     @classmethod
     async def launch(
@@ -93,6 +98,7 @@ class ReloadableServer:
         was_paused = self._paused
         await self.pause()
         try:
+            await self.reacquire_memory()
             await self._calls.load(self.client, path, version)
             self._version = version
         finally:
@@ -112,7 +118,29 @@ class ReloadableServer:
                 raise
             self._paused = True
 
+    async def release_memory(self) -> None:
+        """While paused: free the server's GPU memory (weights, KV cache) for a trainer
+        collocated on its GPUs; the next load or resume takes it back."""
+        async with self._control_lock:
+            if self._released:
+                return
+            if not self._paused:
+                raise EngineError("release_memory needs the server paused first")
+            if self._calls.release is None:
+                raise EngineError(f"the server at {self.client.url} cannot release its memory")
+            await self._calls.release(self.client)
+            self._released = True
+
+    async def reacquire_memory(self) -> None:
+        """Take back what `release_memory` freed; a no-op when nothing was released."""
+        async with self._control_lock:
+            if not self._released:
+                return
+            await self._calls.reacquire(self.client)
+            self._released = False
+
     async def resume(self) -> None:
+        await self.reacquire_memory()
         async with self._control_lock:
             if not self._paused:
                 return

@@ -160,6 +160,11 @@ class SGLangEngine:
     async def resume(self) -> None:
         await self.server.resume()
 
+    async def release_memory(self) -> None:
+        """While paused, free the server's GPU weights and KV cache (collocated with a
+        trainer rank); the next weight load or resume takes them back."""
+        await self.server.release_memory()
+
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
         await self.server.stop()
@@ -178,6 +183,8 @@ _CALLS = ServerCalls(
     pause=lambda client: client.post("/pause_generation", {"mode": "retract"}, retry=True),
     resume=lambda client: client.post("/continue_generation", {}, retry=True),
     load=_load,
+    release=lambda client: client.post("/release_memory_occupation", {}, retry=True),
+    reacquire=lambda client: client.post("/resume_memory_occupation", {}, retry=True),
 )
 
 

@@ -173,6 +173,11 @@ class VLLMEngine:
     async def resume(self) -> None:
         await self.server.resume()
 
+    async def release_memory(self) -> None:
+        """While paused, free the server's GPU weights and KV cache (collocated with a
+        trainer rank); the next weight load or resume takes them back."""
+        await self.server.release_memory()
+
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
         await self.server.stop()
@@ -191,6 +196,8 @@ _CALLS = ServerCalls(
     pause=lambda client: client.post("/pause", params={"mode": "wait"}, retry=True),
     resume=lambda client: client.post("/resume", retry=True),
     load=_load,
+    release=lambda client: client.post("/sleep", params={"level": 1}, retry=True),
+    reacquire=lambda client: client.post("/wake_up", retry=True),
 )
 
 

@@ -80,11 +80,16 @@ def _device() -> torch.device:
 class EngineReplica:
     """One engine (local, or a vLLM / SGLang server it launches) in a Ray actor.
 
-    An async actor: concurrent `generate` calls reach the engine together and batch."""
+    An async actor: concurrent `generate` calls reach the engine together and batch.
+    `release_memory`: free the server's GPU memory while paused (collocated placement;
+    the local engine keeps its memory)."""
 
-    def __init__(self, cfg_data: dict[str, Any], index: int, threads: int):
+    def __init__(
+        self, cfg_data: dict[str, Any], index: int, threads: int, release_memory: bool = False
+    ):
         self.cfg = _actor_setup(cfg_data, threads)
         self.index = index
+        self.release_memory = release_memory
         self.engine = None
         self.receiver = None
 
@@ -108,7 +113,11 @@ class EngineReplica:
         return self.engine.version
 
     async def pause(self) -> None:
+        """Pause; collocated on a trainer rank's GPUs, a vLLM/SGLang server also frees its
+        weights and KV cache until the next weight load or resume."""
         await self.engine.pause()
+        if self.release_memory and hasattr(self.engine, "release_memory"):
+            await self.engine.release_memory()
 
     async def resume(self) -> None:
         await self.engine.resume()
@@ -458,11 +467,17 @@ async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
             "the trainer rank's (set engine.gpu_memory_fraction to change it)",
             COLLOCATED_MEMORY_FRACTION,
         )
+    if collocated_gpus and engine_cfg.type != "local":
+        # The server frees its weights and KV cache while the trainer steps (see
+        # EngineReplica.pause); it must be started able to.
+        flag = "--enable-sleep-mode" if engine_cfg.type == "vllm" else "--enable-memory-saver"
+        if flag not in engine_cfg.server_args:
+            engine_cfg.server_args = [*engine_cfg.server_args, flag]
     data = cfg.model_copy(update={"engine": engine_cfg}).model_dump(mode="json")
     actors = [
         ray.remote(EngineReplica)
         .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
-        .remote(data, index, _threads(plan.engines, bundle))
+        .remote(data, index, _threads(plan.engines, bundle), collocated_gpus)
         for index, bundle in enumerate(plan.engines)
     ]
     log.info("Starting %d engine replica(s) (%s)", len(actors), cfg.engine.type)

@@ -131,6 +131,35 @@ async def test_update_weights_goes_through_a_versioned_folder(engine, server, mo
     assert (rescored - torch.tensor(before.logprobs)).abs().max() > 1e-3
 
 
+async def test_a_collocated_server_frees_its_memory_while_paused_and_takes_it_back_to_load(
+    engine, server, model, tokenizer
+):
+    """What the Ray scheduler does around a collocated trainer's step: pause, release,
+    (the trainer steps), load the new weights (memory taken back first), resume."""
+    _, state, _ = server
+    await engine.pause()
+    await engine.release_memory()
+    assert state.released
+    await engine.update_weights(model.state_dict(), 1)
+    await engine.resume()
+    paths = [path for path, _ in state.calls]
+    assert paths[-5:] == [
+        "/pause_generation",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/update_weights_from_disk",
+        "/continue_generation",
+    ]
+    prompt = _prompt(tokenizer, "Name a colour.")
+    after = await engine.generate(prompt, SamplingParams(max_new_tokens=4, temperature=1.0))
+    assert after.versions == [1] * len(after.output_ids)
+
+
+async def test_release_memory_refuses_a_server_still_serving(engine):
+    with pytest.raises(EngineError, match="paused first"):
+        await engine.release_memory()
+
+
 async def test_pause_drains_requests_in_flight_and_holds_new_ones(engine, server, model, tokenizer):
     _, state, _ = server
     prompt = _prompt(tokenizer, "Count to ten.")
