@@ -485,12 +485,13 @@ class SchedulerConfig(Section):
         "its memory while the trainer steps); disaggregated: separate devices; auto: "
         "disaggregated when there are GPUs enough for both, else collocated.",
     )
-    weight_sync: Literal["auto", "memory", "folder", "broadcast"] = Field(
+    weight_sync: Literal["auto", "memory", "broadcast"] = Field(
         "auto",
-        description="How new weights reach engine replicas: memory (through Ray's object "
-        "store), folder (safetensors under <run_dir>/weights, which servers load), broadcast "
-        "(torch.distributed broadcast in buckets from trainer rank 0: NCCL on GPU, gloo on "
-        "CPU); auto: memory for local engines, folder for vLLM/SGLang servers.",
+        description="How new weights reach engine replicas: memory (rank 0 puts them in "
+        "Ray's object store once, each replica fetches them; a vLLM/SGLang replica then "
+        "writes them as a safetensors folder its server loads), broadcast (torch.distributed "
+        "broadcast in buckets from trainer rank 0 to local engines: NCCL on GPU, gloo on "
+        "CPU); auto: memory.",
     )
     bucket_mb: int = Field(
         32,
@@ -524,6 +525,33 @@ class Config(Section):
                 f"diagnostics.hang_timeout_s={hang_s:g} must be above rollout.timeout_s="
                 f"{rollout_s:g}: a batch waiting on slow rollouts would be reported as a "
                 "hang; raise diagnostics.hang_timeout_s (0 turns the watchdog off)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_process_runs_one_of_each(self) -> Config:
+        sched = self.scheduler
+        if sched.weight_sync == "broadcast" and self.engine.type != "local":
+            raise ValueError(
+                f"scheduler.weight_sync=broadcast loads weights into local engines; "
+                f"engine.type={self.engine.type} servers load weight folders: use "
+                "scheduler.weight_sync=memory (or auto)"
+            )
+        if sched.type == "ray":
+            return self
+        for field, value in (
+            ("engine_replicas", sched.engine_replicas),
+            ("trainer_ranks", sched.trainer_ranks),
+        ):
+            if value is not None and value > 1:
+                raise ValueError(
+                    f"scheduler.{field}={value} needs scheduler.type=ray: scheduler.type=local "
+                    "runs one engine and one trainer in this process"
+                )
+        if sched.allocation is not None:
+            raise ValueError(
+                f"scheduler.allocation={sched.allocation!r} places actors on devices, which "
+                "needs scheduler.type=ray"
             )
         return self
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from looprl.config import Config, ConfigError
+from looprl.config import Config
 from looprl.diagnostics import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
@@ -87,7 +87,6 @@ async def launch_local(
     """Start engine + gateway + controller; the engine copies `model` (or the trainer's
     policy) when given, else loads the configured model. `trainer` is passed through to
     the parts, for the training loop."""
-    check_local(cfg)
     tokenizer = load_tokenizer(cfg.model.path)
     if model is None and trainer is not None:
         model = trainer.trainer.model
@@ -101,22 +100,3 @@ async def launch_local(
             yield parts
     finally:
         await engine.stop()  # a launched server process must not outlive the run
-
-
-def check_local(cfg: Config) -> None:
-    """scheduler.type=local runs one engine and one trainer in this process."""
-    sched = cfg.scheduler
-    for field, value in (
-        ("engine_replicas", sched.engine_replicas),
-        ("trainer_ranks", sched.trainer_ranks),
-    ):
-        if value is not None and value > 1:
-            raise ConfigError(
-                f"scheduler.{field}={value} needs scheduler.type=ray: scheduler.type=local "
-                "runs one engine and one trainer in this process"
-            )
-    if sched.allocation is not None:
-        raise ConfigError(
-            f"scheduler.allocation={sched.allocation!r} places actors on devices, which needs "
-            "scheduler.type=ray"
-        )

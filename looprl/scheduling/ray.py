@@ -41,12 +41,13 @@ from typing import Any
 import ray
 import torch
 import torch.distributed as dist
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
 
 from looprl.config import Config
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
 from looprl.models import load_model, load_tokenizer
+from looprl.runtime import release_free_memory
 from looprl.scheduling.local import save_policy
 from looprl.scheduling.parts import Parts, serve
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
@@ -204,8 +205,15 @@ class TrainerRank:
     def weights(self) -> list[ray.ObjectRef] | None:
         """The full weights (a collective: every rank calls it). Rank 0 puts them in the
         object store once and returns [ref], which replicas fetch without the driver."""
-        state = self.trainer.state_dict_for_engine()
-        return [ray.put(state)] if self.rank == 0 else None
+        return self._put(self.trainer.state_dict_for_engine())
+
+    def _put(self, state: dict[str, Any]) -> list[ray.ObjectRef] | None:
+        """Rank 0: `state` into the object store, as [ref]; then this process's copy is
+        dropped and its memory given back (it is rebuilt at the next call)."""
+        ref = [ray.put(state)] if self.rank == 0 else None
+        del state
+        release_free_memory()
+        return ref
 
     def join_weight_group(self, host: str, port: int, world: int) -> None:
         from looprl.engines.broadcast import WeightSender, weight_sync_group
@@ -226,9 +234,9 @@ class TrainerRank:
         if self.rank == 0:
             self.sender.send(state, self.trainer.version)
 
-    def state_dict(self) -> dict[str, Any] | None:
-        state = self.trainer.state_dict()  # a collective
-        return state if self.rank == 0 else None
+    def state_dict(self) -> list[ray.ObjectRef] | None:
+        """Model, optimizer, schedule and version for a checkpoint (a collective)."""
+        return self._put(self.trainer.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trainer.load_state_dict(state)
@@ -287,9 +295,11 @@ class RayEngine:
             return await ref
         except RayTaskError as e:
             raise e.as_instanceof_cause() from None
-        except RayActorError as e:
+        except (RayActorError, OutOfMemoryError) as e:
             where = f"pid {self.info.get('pid')} on {self.info.get('node')}"
             why = str(e).strip().splitlines()[0]  # Ray's first line; the rest is its advice
+            if isinstance(e, OutOfMemoryError):
+                why = f"Ray's memory monitor killed it, the node being out of memory ({why})"
             raise EngineUnavailable(f"engine {self.name} ({where}) died: {why}") from e
 
 
@@ -321,7 +331,8 @@ class RankGroup:
         await engine.update_weights(state_ref, self._version)
 
     async def state_dict(self) -> dict[str, Any]:
-        return (await self._all("state_dict"))[0]
+        (state_ref,) = (await self._all("state_dict"))[0]
+        return await state_ref
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         await self._all("load_state_dict", ray.put(state))
@@ -371,23 +382,10 @@ def _rank_failed(rank: int, world: int, error: BaseException) -> RankFailed:
     return RankFailed(message, rank, {}, None)
 
 
-def _resolve_weight_sync(cfg: Config) -> str:
-    mode = cfg.scheduler.weight_sync
-    if mode == "folder":
-        mode = "memory"  # servers write what they receive as a folder of their own
-        log.info("scheduler.weight_sync=folder: each server replica writes its own folder")
-    if mode == "broadcast" and cfg.engine.type != "local":
-        raise ValueError(
-            f"scheduler.weight_sync=broadcast loads weights into local engines; engine.type="
-            f"{cfg.engine.type} servers load folders: use scheduler.weight_sync=memory"
-        )
-    return "memory" if mode == "auto" else mode
-
-
 @asynccontextmanager
 async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
     """Engine replicas and trainer ranks as Ray actors; gateway and controller here."""
-    weight_sync = _resolve_weight_sync(cfg)
+    weight_sync = "broadcast" if cfg.scheduler.weight_sync == "broadcast" else "memory"
     started = not ray.is_initialized()
     if started:
         address = cfg.scheduler.ray_address

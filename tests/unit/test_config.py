@@ -115,3 +115,25 @@ def test_remote_engine_options_round_trip_through_the_saved_config(tmp_path):
     )
     assert cfg.engine.server_args == ["--enforce-eager"] and cfg.engine.kv_cache_gib == 2
     assert load_config(cfg.save()) == cfg  # every field written, none rejected on reload
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["scheduler.trainer_ranks=2"], "scheduler.trainer_ranks=2 needs scheduler.type=ray"),
+        (["scheduler.engine_replicas=3"], "scheduler.engine_replicas=3 needs scheduler.type=ray"),
+        (["scheduler.allocation=local:d1+fsdp:d2"], "needs scheduler.type=ray"),
+        (
+            ["scheduler.type=ray", "engine.type=vllm", "scheduler.weight_sync=broadcast"],
+            "engine.type=vllm servers load weight folders",
+        ),
+    ],
+)
+def test_scale_out_fields_are_refused_where_they_cannot_apply(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, overrides)
+
+
+def test_ray_takes_replicas_and_ranks():
+    cfg = load_config(None, ["scheduler.type=ray", "scheduler.trainer_ranks=2"])
+    assert cfg.scheduler.trainer_ranks == 2 and cfg.scheduler.weight_sync == "auto"

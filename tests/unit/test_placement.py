@@ -15,7 +15,7 @@ TWO_NODES = [Node("10.0.0.1", 4), Node("10.0.0.2", 4)]
 
 def config(engine: str = "vllm", tp: int = 1, **scheduler) -> Config:
     engine_cfg = {"type": engine} | ({"tensor_parallel_size": tp} if tp > 1 else {})
-    return Config.model_validate({"engine": engine_cfg, "scheduler": scheduler})
+    return Config.model_validate({"engine": engine_cfg, "scheduler": {"type": "ray", **scheduler}})
 
 
 def where(bundles) -> list[tuple[str, tuple[int, ...]]]:
