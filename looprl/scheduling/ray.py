@@ -58,6 +58,7 @@ from looprl.workflow import Workflow
 
 log = logging.getLogger(__name__)
 
+BLAME_WINDOW_S = 3.0  # after a rank fails, how long the others' failures may take to arrive
 COLLOCATED_MEMORY_FRACTION = 0.45  # of a GPU, for a vLLM/SGLang server beside a trainer rank
 
 
@@ -308,6 +309,7 @@ class RankGroup:
 
     def __init__(self, cfg: Config, ranks: list, weight_sync: str):
         self.cfg, self.ranks, self.weight_sync = cfg, ranks, weight_sync
+        self.infos: list[dict[str, Any]] = []  # per rank: pid, node, backend (after setup)
         self._version = 0
 
     @property
@@ -351,8 +353,13 @@ class RankGroup:
             ray.kill(actor)
 
     async def _all(self, method: str, *args) -> list[Any]:
-        """Call `method` on every rank; the first failure kills every rank and raises
-        RankFailed with that rank's traceback (a peer's later collective error is not it)."""
+        """Call `method` on every rank; a failure kills every rank and raises RankFailed
+        naming the cause, not a peer's collective error that followed it.
+
+        When a rank dies, its peers' collectives can fail within milliseconds
+        ("Connection closed by peer"), and Ray may report those before the death. So
+        after the first failure the others get `BLAME_WINDOW_S` to arrive; a rank that
+        died is blamed before one that raised, then the lowest rank."""
         calls = {
             asyncio.ensure_future(getattr(actor, method).remote(*args)): rank
             for rank, actor in enumerate(self.ranks)
@@ -360,9 +367,15 @@ class RankGroup:
         pending = set(calls)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [f for f in done if f.exception() is not None]
-            if failed:
-                first = min(failed, key=lambda f: calls[f])
+            if any(f.exception() is not None for f in done):
+                if pending:
+                    more, pending = await asyncio.wait(pending, timeout=BLAME_WINDOW_S)
+                    done |= more
+                failed = [f for f in done if f.exception() is not None]
+                first = min(
+                    failed,
+                    key=lambda f: (isinstance(f.exception(), RayTaskError), calls[f]),
+                )
                 for actor in self.ranks:
                     ray.kill(actor)
                 for f in pending:
@@ -447,6 +460,7 @@ async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
         for actor in actors:
             ray.kill(actor)
         raise RankFailed(f"trainer ranks could not start: {e}", 0, {}, None) from e
+    group.infos = infos
     for rank, info in enumerate(infos):
         log.info(
             "Trainer rank %d: pid %s on %s (%s)", rank, info["pid"], info["node"], info["backend"]

@@ -14,7 +14,9 @@ from openai import AsyncOpenAI
 
 from looprl.config import load_config
 from looprl.loop import train
+from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray import launch_ray
+from looprl.training.batch import build_batch
 from looprl.watchdog import registered
 
 pytestmark = pytest.mark.slow
@@ -124,3 +126,43 @@ async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_
         # The pool goes on with the survivor: its version, and new requests, are its own.
         again = await parts.controller.rollout_batch(rows[:2], group_size=1)
         assert again.stats()["completed"] == 2
+
+
+async def test_a_killed_trainer_rank_stops_every_rank_and_is_named(tiny_model_dir, tmp_path):
+    """SIGKILL one of two gloo ranks; the next step fails at once (not after the
+    collective timeout), names that rank, and leaves no rank running."""
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"run.fileroot={tmp_path}",
+            "scheduler.type=ray",
+            "scheduler.trainer_ranks=2",
+            "engine.dtype=float32",
+            "sampling.max_new_tokens=8",
+        ],
+    )
+    rows = [{"question": "Count to 3."}, {"question": "Count to 4."}]
+    async with launch_ray(cfg, LongAnswer()) as parts:
+        rollout = await parts.controller.rollout_batch(rows, group_size=2)
+        batch, _ = build_batch(rollout.trajectories, "grpo", parts.tokenizer.pad_token_id)
+        await parts.trainer.train_step(batch)  # both ranks work
+        victim = parts.trainer.infos[1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(RankFailed, match="trainer rank 1 of 2 died") as failed:
+            await asyncio.wait_for(parts.trainer.train_step(batch), timeout=120)
+        assert failed.value.rank == 1
+        survivor = parts.trainer.infos[0]["pid"]
+        for _ in range(100):  # killed by the group, not left waiting in a collective
+            if not _alive(survivor):
+                break
+            await asyncio.sleep(0.1)
+        assert not _alive(survivor)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
