@@ -78,7 +78,12 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
         trainer = parts.trainer
         with (
-            Metrics(run_dir, cfg.train.total_steps, show_progress=show_progress) as metrics,
+            Metrics(
+                run_dir,
+                cfg.train.total_steps,
+                show_progress=show_progress,
+                resume=checkpoint is not None,
+            ) as metrics,
             GracefulStop() as stop,
             HangWatchdog(run_dir, "driver", cfg.diagnostics) as watchdog,
         ):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,12 @@ class Metrics:
         *,
         console: Console | None = None,
         show_progress: bool = True,
+        resume: bool = False,
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")  # a new run; a resumed one writes its records back
+        if not resume:  # a resumed run keeps the file until load_state_dict replaces it
+            self.path.write_text("")
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
         self.console = console or Console(stderr=True, log_path=False)
@@ -119,7 +122,10 @@ class Metrics:
         """Back to the checkpoint's records; steps logged after it are dropped (they run
         again)."""
         self.records = list(state["records"])
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        # Atomically: killed here, the file still holds every step up to the checkpoint.
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        os.replace(tmp, self.path)
         steps = [r["step"] for r in self.records if r["kind"] == "train"]
         self._progress.update(self._task, completed=max(steps, default=0))
 
