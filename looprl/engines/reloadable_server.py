@@ -4,7 +4,9 @@ SGLang engine adapters share.
 Owns: the server's connection (`ServerClient`), its process when looprl launched it,
 the weight folder it loads from, the policy version it serves, and the order of a
 weight update: write the folder, pause, load, record the version, resume (unless the
-caller had paused). Pausing first drains our requests at the `RequestGate`, then makes
+caller had paused). `ServerEngine` is the part of the Engine protocol every such
+adapter answers alike (version, weights, pause, resume, memory, stop); the adapters add
+`generate`. Pausing first drains our requests at the `RequestGate`, then makes
 the server's own pause call. Does not own the HTTP calls that differ between servers
 (pause, resume, load, generate): each adapter states its `ServerCalls`.
 
@@ -154,3 +156,39 @@ class ReloadableServer:
         if self.process is not None:
             await asyncio.to_thread(self.process.stop)
         self.weights.remove()
+
+
+class ServerEngine:
+    """The Engine protocol's control calls over a `ReloadableServer`, shared by the vLLM
+    and SGLang adapters, which add `generate` and how they launch or connect."""
+
+    def __init__(self, server: ReloadableServer) -> None:
+        self.server = server
+
+    @property
+    def version(self) -> int:
+        return self.server.version
+
+    @property
+    def url(self) -> str:
+        return self.server.client.url
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Write `state_dict` as `version`, then load it in the server between requests."""
+        await self.server.update_weights(state_dict, version)
+
+    async def pause(self) -> None:
+        """Let requests in flight finish, hold new ones, and pause the server."""
+        await self.server.pause()
+
+    async def resume(self) -> None:
+        await self.server.resume()
+
+    async def release_memory(self) -> None:
+        """While paused, free the server's GPU weights and KV cache (collocated with a
+        trainer rank); the next weight load or resume takes them back."""
+        await self.server.release_memory()
+
+    async def stop(self) -> None:
+        """Close the connection, stop the server looprl launched, delete the weights."""
+        await self.server.stop()

@@ -37,12 +37,11 @@ import logging
 import os
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.reloadable_server import ReloadableServer, ServerCalls
+from looprl.engines.reloadable_server import ReloadableServer, ServerCalls, ServerEngine
 from looprl.engines.server_client import ServerClient
 from looprl.engines.server_process import ServerProcess, free_port
 from looprl.engines.weight_folder import WeightFolder
@@ -54,12 +53,9 @@ DEFAULT_VENV = ".venv-sglang"
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class SGLangEngine:
+class SGLangEngine(ServerEngine):
     """Serves `generate` from the SGLang `server`; see the module docstring. Build one
     with `launch` or `connect`."""
-
-    def __init__(self, server: ReloadableServer) -> None:
-        self.server = server
 
     @classmethod
     async def launch(
@@ -105,10 +101,6 @@ class SGLangEngine:
         await server.update_weights(model.state_dict(), 0)
         return cls(server)
 
-    @property
-    def version(self) -> int:
-        return self.server.version
-
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
@@ -145,29 +137,7 @@ class SGLangEngine:
         }
         async with self.server.request() as version:
             reply = await self.server.client.post("/generate", body)
-        return _generation(
-            reply, prompt_ids, version, sampling.top_logprobs, self.server.client.url
-        )
-
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Write `state_dict` as `version`, then load it in the server between requests."""
-        await self.server.update_weights(state_dict, version)
-
-    async def pause(self) -> None:
-        """Let requests in flight finish, hold new ones, and pause the server."""
-        await self.server.pause()
-
-    async def resume(self) -> None:
-        await self.server.resume()
-
-    async def release_memory(self) -> None:
-        """While paused, free the server's GPU weights and KV cache (collocated with a
-        trainer rank); the next weight load or resume takes them back."""
-        await self.server.release_memory()
-
-    async def stop(self) -> None:
-        """Close the connection, stop the server looprl launched, delete the weights."""
-        await self.server.stop()
+        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self.url)
 
 
 async def _load(client: ServerClient, path: Path, version: int) -> None:

@@ -31,12 +31,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.reloadable_server import ReloadableServer, ServerCalls
+from looprl.engines.reloadable_server import ReloadableServer, ServerCalls, ServerEngine
 from looprl.engines.server_client import ServerClient
 from looprl.engines.server_process import ServerError
 from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
@@ -49,12 +48,12 @@ DEFAULT_VENV = ".venv-vllm"
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class VLLMEngine:
+class VLLMEngine(ServerEngine):
     """Serves `generate` from the vLLM `server` under `served_name`. Build one with
     `launch` or `connect`."""
 
     def __init__(self, server: ReloadableServer, *, served_name: str, max_model_len: int):
-        self.server = server
+        super().__init__(server)
         self.served_name = served_name
         self.max_model_len = max_model_len
 
@@ -127,14 +126,6 @@ class VLLMEngine:
         await server.update_weights(model.state_dict(), 0)
         return cls(server, served_name=served, max_model_len=max_model_len)
 
-    @property
-    def version(self) -> int:
-        return self.server.version
-
-    @property
-    def url(self) -> str:
-        return self.server.client.url
-
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
@@ -161,26 +152,6 @@ class VLLMEngine:
         async with self.server.request() as version:
             reply = await self.server.client.post("/v1/completions", body)
         return _generation(reply, prompt_ids, version, sampling.top_logprobs, self.url)
-
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Write `state_dict` as `version`, then reload it in the server between requests."""
-        await self.server.update_weights(state_dict, version)
-
-    async def pause(self) -> None:
-        """Let requests in flight finish, hold new ones, and pause the server."""
-        await self.server.pause()
-
-    async def resume(self) -> None:
-        await self.server.resume()
-
-    async def release_memory(self) -> None:
-        """While paused, free the server's GPU weights and KV cache (collocated with a
-        trainer rank); the next weight load or resume takes them back."""
-        await self.server.release_memory()
-
-    async def stop(self) -> None:
-        """Close the connection, stop the server looprl launched, delete the weights."""
-        await self.server.stop()
 
 
 async def _load(client: ServerClient, path: Path, version: int) -> None:

@@ -88,13 +88,12 @@ async def launch_local(
     policy) when given, else loads the configured model. `trainer` is passed through to
     the parts, for the training loop."""
     tokenizer = load_tokenizer(cfg.model.path)
-    if model is None and trainer is not None:
-        model = trainer.trainer.model
-    engine_model = model if model is not None else load_model(cfg.model.path)
+    if model is None:
+        model = trainer.trainer.model if trainer is not None else load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
-        engine = await start_engine(cfg, engine_model, tokenizer, cfg.run_dir)
+        engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
     try:
-        max_len = engine_model.config.max_position_embeddings
+        max_len = model.config.max_position_embeddings
         async with serve(cfg, engine, tokenizer, workflow, max_model_len=max_len) as parts:
             parts.trainer = trainer
             yield parts

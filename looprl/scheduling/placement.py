@@ -59,10 +59,11 @@ _COLLOCATED_SHARE = 0.5  # of one GPU, for each of its trainer rank and engine s
 
 @dataclass(frozen=True)
 class Node:
-    """One machine of the cluster: the IP Ray knows it by, and its GPU count."""
+    """One machine of the cluster: the IP Ray knows it by, its GPU and CPU counts."""
 
     ip: str
     gpus: int
+    cpus: int = 1  # only for the actors' thread counts; placement goes by GPUs
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,11 @@ def cluster_nodes() -> list[Node]:
         return ("node:__internal_head__" not in n["Resources"], ip.version, ip)
 
     return [
-        Node(n["NodeManagerAddress"], int(n["Resources"].get("GPU", 0)))
+        Node(
+            n["NodeManagerAddress"],
+            int(n["Resources"].get("GPU", 0)),
+            int(n["Resources"].get("CPU", 1)),
+        )
         for n in sorted(alive, key=order)
     ]
 

@@ -46,7 +46,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskErr
 from looprl.config import Config
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
-from looprl.models import load_model, load_tokenizer
+from looprl.models import load_model, load_tokenizer, model_config
 from looprl.runtime import release_free_memory
 from looprl.scheduling.local import save_policy
 from looprl.scheduling.parts import Parts, serve
@@ -102,8 +102,8 @@ class EngineReplica:
         cfg = self.cfg
         run_dir = cfg.run_dir / "engines" / f"replica-{self.index}"
         tokenizer = load_tokenizer(cfg.model.path)
-        self.model = load_model(cfg.model.path).to(_device())
-        self.engine = await start_engine(cfg, self.model, tokenizer, run_dir)
+        model = load_model(cfg.model.path).to(_device())  # the engine keeps its own copy
+        self.engine = await start_engine(cfg, model, tokenizer, run_dir)
         register(cfg.run_dir, f"engine-{self.index}", role="engine", rank=None)
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
 
@@ -242,9 +242,6 @@ class TrainerRank:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trainer.load_state_dict(state)
 
-    def version(self) -> int:
-        return self.trainer.version
-
     def stop(self) -> None:
         self.watchdog.stop()
         if dist.is_initialized():
@@ -309,7 +306,6 @@ class RankGroup:
 
     def __init__(self, cfg: Config, ranks: list, weight_sync: str):
         self.cfg, self.ranks, self.weight_sync = cfg, ranks, weight_sync
-        self.infos: list[dict[str, Any]] = []  # per rank: pid, node, backend (after setup)
         self._version = 0
 
     @property
@@ -342,7 +338,7 @@ class RankGroup:
 
     async def save_model(self, tokenizer, out: Path) -> Path:
         (state_ref,) = (await self._all("weights"))[0]
-        model = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        model = load_model(self.cfg.model.path, self.cfg.model.dtype)  # with its generation config
         model.load_state_dict(await state_ref)
         return save_policy(model, tokenizer, out)
 
@@ -422,7 +418,7 @@ async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
             await _join_weight_group(group, engines)
         pool = EnginePool(engines, names=[e.name for e in engines])
         tokenizer = load_tokenizer(cfg.model.path)
-        max_len = load_model_config(cfg.model.path).max_position_embeddings
+        max_len = model_config(cfg.model.path).max_position_embeddings
         async with serve(cfg, pool, tokenizer, workflow, max_model_len=max_len) as parts:
             parts.trainer = group
             yield parts
@@ -434,21 +430,13 @@ async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
             ray.shutdown()
 
 
-def load_model_config(path: str):
-    from transformers import AutoConfig
-
-    from looprl.models import resolve_model_path
-
-    return AutoConfig.from_pretrained(resolve_model_path(str(path)))
-
-
 async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
     data = cfg.model_dump(mode="json")
     world = len(plan.trainers)
     actors = [
         ray.remote(TrainerRank)
         .options(num_cpus=0, **bundle.ray_options())
-        .remote(data, rank, world, _threads(plan.trainers, bundle))
+        .remote(data, rank, world, _threads(plan, plan.trainers, bundle))
         for rank, bundle in enumerate(plan.trainers)
     ]
     group = RankGroup(cfg, actors, weight_sync)
@@ -460,7 +448,6 @@ async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
         for actor in actors:
             ray.kill(actor)
         raise RankFailed(f"trainer ranks could not start: {e}", 0, {}, None) from e
-    group.infos = infos
     for rank, info in enumerate(infos):
         log.info(
             "Trainer rank %d: pid %s on %s (%s)", rank, info["pid"], info["node"], info["backend"]
@@ -489,7 +476,7 @@ async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
     actors = [
         ray.remote(EngineReplica)
         .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
-        .remote(data, index, _threads(plan.engines, bundle), collocated_gpus)
+        .remote(data, index, _threads(plan, plan.engines, bundle), collocated_gpus)
         for index, bundle in enumerate(plan.engines)
     ]
     log.info("Starting %d engine replica(s) (%s)", len(actors), cfg.engine.type)
@@ -507,16 +494,12 @@ async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
     return engines
 
 
-def _threads(bundles, bundle) -> int:
+def _threads(plan: Plan, bundles, bundle) -> int:
     """Torch threads for an actor: its node's CPUs shared by the actors of its kind there
     (engines decode at once; ranks step at once; the two take turns)."""
-    cpus = {
-        node["NodeManagerAddress"]: int(node["Resources"].get("CPU", 1))
-        for node in ray.nodes()
-        if node["Alive"]
-    }
+    cpus = next((n.cpus for n in plan.nodes if n.ip == bundle.node_ip), 1)
     peers = sum(b.node_ip == bundle.node_ip for b in bundles)
-    return max(1, cpus.get(bundle.node_ip, 1) // peers)
+    return max(1, cpus // peers)
 
 
 async def _join_weight_group(group: RankGroup, engines: list[RayEngine]) -> None:

@@ -11,7 +11,7 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from looprl.config import load_config
+from looprl.config import Config, load_config
 from looprl.loop import train
 
 
@@ -25,16 +25,14 @@ class EvenTokenAgent:
         return sum(i % 2 == 0 for i in ids) / len(ids)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("max_head_offpolicyness", [0, 2])
-async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_head_offpolicyness):
-    """Synchronous (0) and asynchronous (2: rollouts run up to two versions ahead)."""
-    cfg = load_config(
+def toy_job(model_dir, root, *overrides: str) -> Config:
+    """10 steps of 4 x 8 rollouts of 8 tokens, float32, rewarded by EvenTokenAgent."""
+    return load_config(
         None,
         [
-            f"model.path={peaked_model_dir}",
+            f"model.path={model_dir}",
             "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
-            f"run.fileroot={tmp_path}",
+            f"run.fileroot={root}",
             "engine.dtype=float32",
             "train.autocast_bf16=false",
             "train.lr=3e-3",
@@ -45,25 +43,40 @@ async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_he
             "eval.every_steps=0",
             "eval.size=4",
             "eval.max_new_tokens=8",
-            f"rollout.max_head_offpolicyness={max_head_offpolicyness}",
+            *overrides,
         ],
     )
-    summary = await train(cfg, show_progress=False)
 
+
+def learned_steps(cfg: Config, label: str) -> list[dict]:
+    """The train records of a finished toy job, checked: all 10 steps, each sampled with
+    the weights of the step before (the engine got them), and the reward risen."""
     records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
     steps = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in steps] == list(range(1, 11))
-    # Every step sampled with the weights of the step before: the engine got them.
     assert [r["version"] for r in steps] == list(range(1, 11))
+    first = sum(r["reward_mean"] for r in steps[:3]) / 3
+    last = sum(r["reward_mean"] for r in steps[-3:]) / 3
+    rewards = [round(r["reward_mean"], 3) for r in steps]
+    print(f"toy rewards per step ({label}):", rewards)
+    assert last > first + 0.15, rewards
+    return steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_head_offpolicyness", [0, 2])
+async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_head_offpolicyness):
+    """Synchronous (0) and asynchronous (2: rollouts run up to two versions ahead)."""
+    cfg = toy_job(
+        peaked_model_dir, tmp_path, f"rollout.max_head_offpolicyness={max_head_offpolicyness}"
+    )
+    summary = await train(cfg, show_progress=False)
+
+    steps = learned_steps(cfg, f"max_head_offpolicyness={max_head_offpolicyness}")
     staleness = [r["staleness_max"] for r in steps]
     if max_head_offpolicyness == 0:
         assert staleness == [0] * 10
     else:  # ran ahead of the trainer, never past the bound
         assert max(staleness) <= max_head_offpolicyness and max(staleness) > 0, staleness
-    first = sum(r["reward_mean"] for r in steps[:3]) / 3
-    last = sum(r["reward_mean"] for r in steps[-3:]) / 3
-    rewards = [round(r["reward_mean"], 3) for r in steps]
-    print("toy rewards per step:", rewards)
-    assert last > first + 0.15, rewards
     assert (cfg.run_dir / "reward.png").stat().st_size > 0
     assert (summary.model_dir / "model.safetensors").is_file()

@@ -13,7 +13,6 @@ transformers three times over (spawned, the test took 25-45 s on 2 busy cores).
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from looprl.engines.broadcast import (
     plan_buckets,
     weight_sync_group,
 )
+from looprl.engines.server_process import free_port
 from looprl.models import load_tokenizer
 from tests.conftest import tiny_llama_config
 
@@ -37,12 +37,6 @@ HOST = "127.0.0.1"
 TIMEOUT_S = 20.0
 VERSIONS = (3, 4)
 BUCKET_BYTES = 64 * 1024  # a decoder layer's tensors are 8-32 KiB: many buckets
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
@@ -90,7 +84,7 @@ def tokenizer(tiny_model_dir):
 def test_two_receivers_get_every_tensor_bit_exact_with_its_version(tmp_path, tokenizer):
     tied = tiny_llama_config(tokenizer, tie_word_embeddings=True)
     untied = tiny_llama_config(tokenizer, tie_word_embeddings=False)
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     processes = [
@@ -128,7 +122,7 @@ def test_two_receivers_get_every_tensor_bit_exact_with_its_version(tmp_path, tok
 
 
 def test_a_receiver_whose_sender_never_comes_fails_within_the_timeout():
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(WeightSyncError, match=f"{HOST}:{port}.*did not open it"):
         weight_sync_group(HOST, port, 1, 2, "gloo", timeout_s=1.5)
@@ -136,7 +130,7 @@ def test_a_receiver_whose_sender_never_comes_fails_within_the_timeout():
 
 
 def test_a_sender_whose_receivers_never_come_names_them_within_the_timeout():
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(WeightSyncError, match=rf"{HOST}:{port}.*rank\(s\) \[1, 2\] did not join"):
         weight_sync_group(HOST, port, 0, 3, "gloo", timeout_s=1.5)
