@@ -26,7 +26,15 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The engine and training tests run twice: on a CPU capped at AVX2 (no hardware bf16,
+# as on most laptops; LOOPRL_FORCE_CPU=avx2, x86 only), then with the whole suite on
+# this CPU as it is. pytest's summary of the whole suite is the last line.
 test: lint
+	@if [ "$$(uname -m)" = x86_64 ]; then \
+		echo "== engine and training tests on a CPU forced to AVX2 (LOOPRL_FORCE_CPU=avx2) =="; \
+		LOOPRL_FORCE_CPU=avx2 $(BIN)/pytest -q -p no:cacheprovider -m kernels tests; \
+	fi
+	@echo "== the whole suite on this CPU =="
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 clean-venv:

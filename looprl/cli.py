@@ -92,13 +92,14 @@ def train(
     from looprl.checkpoint import RecoverError
     from looprl.loop import Stopped
     from looprl.loop import train as run_training
+    from looprl.precision import PrecisionError
 
     _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
     diagnostics.install_stack_dump()
     diagnostics.write_pid(cfg.run_dir)
     try:
         summary = asyncio.run(run_training(cfg))
-    except RecoverError as e:
+    except (RecoverError, PrecisionError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     except Stopped as e:
@@ -137,7 +138,9 @@ def serve(
     ),
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="auto (chosen from this machine), float32 or bfloat16.")
+    ] = "auto",
     name: Annotated[str, typer.Option(help="Model name reported by /v1/models.")] = "policy",
 ) -> None:
     """Serve a model over OpenAI-compatible /v1 endpoints (no sessions)."""

@@ -44,10 +44,19 @@ class EngineConfig(Section):
         "launched from engine.venv or reached at engine.url), 'sglang' (an SGLang server; "
         "needs a CUDA GPU to launch).",
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "bfloat16",
-        description="Dtype the engine computes in (bf16 uses AMX on CPU); logprobs are float32 "
-        "and decoupled PPO weights correct the engine/trainer mismatch.",
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Dtype the engine computes in. auto: bfloat16 where a bf16 matmul "
+        "measured faster than float32 on this machine (AVX-512 BF16, AMX, GPUs with bf16), "
+        "else float32 (AVX2-only CPUs emulate bf16); the decision is logged at start. "
+        "Logprobs are float32; decoupled PPO weights correct the engine/trainer mismatch.",
+    )
+    weight_layout: Literal["auto", "packed", "plain"] = Field(
+        "auto",
+        description="Local engine's fused forward on CPU: 'packed' keeps weights in oneDNN's "
+        "blocked layout (faster on decode shapes; bf16 needs AVX-512 BW/VL/DQ or "
+        "AVX-NE-CONVERT), 'plain' uses ordinary matmuls; auto packs where the probe "
+        "finds it works.",
     )
     max_batch_size: int = Field(64, ge=1, description="Most sequences decoded in one step.")
     max_tokens_per_batch: int = Field(
@@ -129,7 +138,7 @@ class EngineConfig(Section):
             if getattr(self, n) != f.get_default(call_default_factory=True)
         ]
         local_only = ["max_batch_size", "max_tokens_per_batch", "batch_wait_ms"]
-        local_only += ["prefix_cache_tokens", "impl"]
+        local_only += ["prefix_cache_tokens", "impl", "weight_layout"]
         launch = ["tensor_parallel_size", "gpu_memory_fraction", "kv_cache_gib"]
         launch += ["attention_backend", "max_model_len", "server_args", "venv"]
         for name in changed:
@@ -361,7 +370,13 @@ class TrainConfig(Section):
     max_tokens_per_mb: int = Field(
         4096, ge=16, description="Token budget of one micro-batch (first-fit-decreasing packing)."
     )
-    autocast_bf16: bool = Field(True, description="bf16 autocast for forward/backward on CPU.")
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="What the trainer's forward and backward compute in: bfloat16 is "
+        "autocast over float32 master weights (model.dtype). auto: bfloat16 where bf16 "
+        "autocast measured faster than float32 on this machine, else float32; the decision "
+        "is logged at start.",
+    )
     total_steps: int = Field(12, ge=0, description="Training steps to run.")
 
 
@@ -516,6 +531,15 @@ class Config(Section):
     recover: RecoverConfig = Field(default_factory=RecoverConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+
+    @model_validator(mode="after")
+    def _bfloat16_weights_compute_in_bfloat16(self) -> Config:
+        if self.model.dtype == "bfloat16" and self.train.compute_dtype == "float32":
+            raise ValueError(
+                "train.compute_dtype=float32 cannot compute in float32 with model.dtype="
+                "bfloat16 master weights; set model.dtype=float32 or train.compute_dtype=auto"
+            )
+        return self
 
     @model_validator(mode="after")
     def _slow_rollouts_are_no_hang(self) -> Config:

@@ -9,9 +9,10 @@ over sampled tokens, the KL from the engine's sampling distribution to the train
 (k3 estimator, mean of exp(r) - 1 - r with r = trainer - engine logprob, over tokens
 the engine sampled: unbiased and never negative), and the worst tokens.
 
-Differences come from the engine's dtype (bf16 vs the trainer's float32 weights under
-train.autocast_bf16), its kernels, and, by design, top-k / top-p: the engine's
-logprobs are renormalized over the tokens it kept, the trainer's are not.
+Differences come from the engine's dtype (engine.dtype: bf16 vs the trainer's float32
+weights, possibly under bf16 autocast, train.compute_dtype), its kernels, and, by
+design, top-k / top-p: the engine's logprobs are renormalized over the tokens it kept,
+the trainer's are not.
 """
 
 from __future__ import annotations

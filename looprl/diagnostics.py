@@ -97,8 +97,8 @@ OOM_ADVICE = {
     "or rollout.max_concurrent_rollouts",
     "logprob recomputation": "lower train.max_tokens_per_mb (tokens per forward pass)",
     "training": "lower train.max_tokens_per_mb (tokens per micro-batch; gradients add up "
-    "the same), keep train.autocast_bf16=true, or split the data-parallel work over more "
-    "ranks",
+    "the same), set train.compute_dtype=bfloat16 where the device has bf16, or split the "
+    "data-parallel work over more ranks",
 }
 
 

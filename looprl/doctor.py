@@ -1,8 +1,10 @@
 """`looprl doctor`: checks of this machine against a config, each failure with its fix.
 
-Owns the checks: torch and CUDA, GPUs visible vs what the config uses, NCCL variables,
-the Ray address and the IP a node would announce, the gateway port, disk space for
-checkpoints, and simulator rendering (MUJOCO_GL, NVIDIA EGL, glvnd, Vulkan, OSMesa).
+Owns the checks: torch and CUDA, the CPU (kind, ISA flags) and the precision `auto`
+picks for the engine and the trainer with the cost of forcing the other, GPUs visible
+vs what the config uses, NCCL variables, the Ray address and the IP a node would
+announce, the gateway port, disk space for checkpoints, and simulator rendering
+(MUJOCO_GL, NVIDIA EGL, glvnd, Vulkan, OSMesa).
 Each returns a `Check`; nothing here changes the machine.
 """
 
@@ -18,7 +20,9 @@ from typing import Literal
 
 import torch
 
+from looprl import forced_cpu, precision
 from looprl.config import Config
+from looprl.models import model_config
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -41,6 +45,8 @@ class Check:
 def run_checks(cfg: Config) -> list[Check]:
     return [
         check_torch(),
+        check_cpu(),
+        *check_precision(cfg),
         check_gpus(),
         check_nccl(),
         check_ray(os.environ.get("RAY_ADDRESS")),
@@ -65,6 +71,56 @@ def check_torch() -> Check:
             f"`nvidia-smi` and that the driver supports CUDA {built}",
         )
     return Check("torch", "ok", f"torch {torch.__version__}, CUDA {built}")
+
+
+def check_cpu() -> Check:
+    found = precision.cpu()
+    detail = f"{found.describe()}; torch runs {torch.backends.cpu.get_cpu_capability()} kernels"
+    forced = forced_cpu.requested()
+    if forced:
+        detail += f" ({forced_cpu.VARIABLE}={forced})"
+    return Check("CPU", "ok", detail)
+
+
+def check_precision(cfg: Config) -> list[Check]:
+    """What the engine and the trainer would run in here (`auto` or the config's choice),
+    what forcing the other dtype would cost, and whether an explicit choice can run."""
+    try:
+        shape = precision.layer_shape(model_config(cfg.model.path))
+    except (OSError, ValueError) as e:
+        return [Check("precision", "warn", f"cannot read model.path={cfg.model.path!r}: {e}")]
+    found = precision.probe("cpu", *shape)
+    checks = []
+    try:
+        engine = precision.engine_precision(cfg.engine, found)
+    except precision.PrecisionError as e:
+        fix = "set engine.dtype=auto and engine.weight_layout=auto"
+        checks.append(Check("engine precision", "fail", str(e), fix))
+    else:
+        speedup = found.engine_speedup()
+        checks.append(_precision_check("engine", engine, speedup, "engine.dtype"))
+    try:
+        train = precision.decide_train(cfg.train.compute_dtype, cfg.model.dtype, found)
+    except precision.PrecisionError as e:
+        checks.append(Check("training precision", "fail", str(e), "set train.compute_dtype=auto"))
+    else:
+        speedup = found.train_speedup()
+        checks.append(_precision_check("training", train, speedup, "train.compute_dtype"))
+    return checks
+
+
+def _precision_check(part: str, chosen, speedup: float, field: str) -> Check:
+    """A decision, and the cost of the other dtype: 'forcing float32 costs 2.1x'."""
+    other = "float32" if chosen.dtype == "bfloat16" else "bfloat16"
+    factor = speedup if chosen.dtype == "bfloat16" else 1 / speedup
+    if factor >= 1:
+        cost = f"forcing {other} ({field}={other}) costs {factor:.1f}x per matmul here"
+    else:
+        cost = f"{field}={other} would be {1 / factor:.1f}x faster per matmul here"
+    detail = f"{chosen.describe()}; {cost}"
+    if chosen.warning:
+        return Check(f"{part} precision", "warn", detail, f"set {field}=auto")
+    return Check(f"{part} precision", "ok", detail)
 
 
 def check_gpus() -> Check:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from looprl import checkpoint as checkpoint_io
+from looprl import precision
 from looprl.collect import workflow_for
 from looprl.config import Config
 from looprl.metrics import Metrics
@@ -56,6 +57,8 @@ class TrainSummary:
 
 async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
+    if cfg.scheduler.type == "local":  # Ray actors decide for their own devices
+        precision.choose(cfg)  # a setting this machine cannot run fails here
     run_dir = cfg.run_dir
     checkpoint = resume_point(cfg)  # before anything is written into the run dir
     cfg.save(run_dir)

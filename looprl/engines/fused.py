@@ -7,9 +7,11 @@ q/k/v and gate/up projections, recomputes rotary tables, grows a `DynamicCache` 
 (one q|k|v matmul, one gate|up matmul), a rotary table computed once, and a KV cache
 preallocated as one tensor per K and V that new tokens are written into in place.
 
-On CPU, weights are also
-reordered once into oneDNN's blocked layout (`mkldnn._linear_pointwise`), faster
-than `F.linear` on decode shapes; and decode attention is two batched matmuls, several
+On CPU, weights can also be
+reordered once into oneDNN's blocked layout (`packed=True`, `mkldnn._linear_pointwise`),
+faster than `F.linear` on decode shapes; where oneDNN cannot pack the dtype (bfloat16
+without AVX-512 BW/VL/DQ or AVX-NE-CONVERT, a GPU) the same forward runs plain
+`F.linear` (`precision.py` decides). Decode attention is two batched matmuls, several
 times faster than scaled_dot_product_attention's CPU kernel for one query row
 (`bench/engine_choices.py` measures both).
 
@@ -60,12 +62,13 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 
 class FusedDecoder:
-    """The fused-weight forward of `model` (already in the engine's dtype).
+    """The fused-weight forward of `model` (already in the engine's dtype), its weights in
+    oneDNN's packed layout when `packed` (CPU only), else plain.
 
     `load(model)` rebuilds the fused weights after the model's parameters change.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, *, packed: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the fused forward cannot run this model: {reason}")
@@ -78,6 +81,11 @@ class FusedDecoder:
         self.scale = self.head_dim**-0.5
         self.dtype = model.dtype
         self.device = model.device
+        if packed and self.device.type != "cpu":
+            raise ValueError(
+                f"packed weights are oneDNN's CPU layout; the model is on {self.device}"
+            )
+        self.packed = packed
         self.max_positions = cfg.max_position_embeddings
         # Rotary tables for every position, from the model's own rotary module (so any
         # rope scaling it implements is honoured): (max_positions, head_dim) each.
@@ -100,7 +108,7 @@ class FusedDecoder:
     def load(self, model: PreTrainedModel) -> None:
         """(Re)build the fused weights from `model`'s current parameters."""
         inner = model.model
-        pack = _pack if _can_pack(model) else lambda w: w
+        pack = _pack if self.packed else lambda w: w
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
         self.lm_head = pack(model.get_output_embeddings().weight)
@@ -263,10 +271,6 @@ class FusedDecoder:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return _linear(self._norm(x, self.final_norm), self.lm_head).float()
-
-
-def _can_pack(model: PreTrainedModel) -> bool:
-    return model.device.type == "cpu" and torch.backends.mkldnn.is_available()
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from looprl.engines.base import Engine, EngineError
 from looprl.engines.local import LocalEngine
 from looprl.engines.sglang import SGLangEngine
 from looprl.engines.vllm import VLLMEngine
+from looprl.precision import engine_precision, layer_shape, probe
 
 
 def visible_gpus() -> int:
@@ -70,6 +71,10 @@ async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) 
     check_placement(engine_cfg, gpus)
     if engine_cfg.type == "local":
         return LocalEngine.for_model(model, tokenizer, engine_cfg)
+    # A server gets a concrete dtype: the one chosen for the devices it is launched on.
+    found = probe("cuda" if gpus else "cpu", *layer_shape(model.config))
+    dtype = engine_precision(engine_cfg, found).dtype
+    engine_cfg = engine_cfg.model_copy(update={"dtype": dtype})
     remote = VLLMEngine if engine_cfg.type == "vllm" else SGLangEngine
     if engine_cfg.url is not None:
         return await remote.connect(engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)

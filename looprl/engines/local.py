@@ -53,6 +53,7 @@ from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.fused import unsupported_reason
 from looprl.engines.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
+from looprl.precision import PrecisionError, decide_engine, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
 from looprl.types import FinishReason, Generation, SamplingParams
 
@@ -104,7 +105,8 @@ class LocalEngine:
         *,
         eos_token_ids: list[int],
         decode: Callable[[list[int]], str] | None = None,
-        dtype: str = "float32",
+        dtype: str = "auto",
+        weight_layout: str = "auto",
         max_batch_size: int = 64,
         max_tokens_per_batch: int = 65536,
         batch_wait_ms: float = 5.0,
@@ -112,8 +114,12 @@ class LocalEngine:
         version: int = 0,
         impl: str = "auto",
     ) -> None:
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"engine dtype={dtype!r} must be 'float32' or 'bfloat16'")
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"engine dtype={dtype!r} must be 'auto', 'float32' or 'bfloat16'")
+        if weight_layout not in ("auto", "packed", "plain"):
+            raise ValueError(
+                f"engine weight_layout={weight_layout!r} must be 'auto', 'packed' or 'plain'"
+            )
         if max_batch_size < 1 or max_tokens_per_batch < 1:
             raise ValueError(
                 f"max_batch_size={max_batch_size} and max_tokens_per_batch="
@@ -124,17 +130,32 @@ class LocalEngine:
         if impl not in ("auto", "fused", "hf"):
             raise ValueError(f"engine impl={impl!r} must be 'auto', 'fused' or 'hf'")
         tune_malloc()
-        # A copy, so the trainer can keep updating its own model while this one serves.
-        self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
-        reason = unsupported_reason(self._model)
+        reason = unsupported_reason(model)
         if impl == "fused" and reason:
             raise ValueError(f"engine impl='fused' cannot run this model: {reason}")
-        if impl == "hf" or reason:
+        fused = impl != "hf" and not reason
+        if weight_layout == "packed" and not fused:
+            raise PrecisionError(
+                "engine.weight_layout=packed applies to the fused forward, and this engine "
+                f"runs the Hugging Face one ({reason or 'engine.impl=hf'}); set "
+                "engine.weight_layout=auto"
+            )
+        found = probe(model.device, *layer_shape(model.config))
+        self.precision = decide_engine(dtype, weight_layout, found)
+        if self.precision.warning:
+            warn_once(self.precision.warning)
+        # A copy, so the trainer can keep updating its own model while this one serves.
+        self._model = copy.deepcopy(model).to(DTYPES[self.precision.dtype]).eval()
+        if fused:
+            packed = self.precision.weight_layout == "packed"
+            self._runner: FusedRunner | HFRunner = FusedRunner(
+                self._model, max_tokens_per_batch, prefix_cache_tokens, packed=packed
+            )
+        else:
             if impl == "auto":
                 log.info("Local engine: Hugging Face forward (%s)", reason)
-            self._runner: FusedRunner | HFRunner = HFRunner(self._model, max_tokens_per_batch)
-        else:
-            self._runner = FusedRunner(self._model, max_tokens_per_batch, prefix_cache_tokens)
+            self._runner = HFRunner(self._model, max_tokens_per_batch)
+        log.debug("Local engine: %s", self.precision.describe())
         self._eos_token_ids = frozenset(eos_token_ids)
         self._decode = decode
         self._max_batch_size = max_batch_size
@@ -162,7 +183,8 @@ class LocalEngine:
     @classmethod
     def from_config(cls, model_path: str, cfg: EngineConfig) -> LocalEngine:
         """Load model and tokenizer from `model_path` (a folder or 'default')."""
-        return cls.for_model(load_model(model_path, cfg.dtype), load_tokenizer(model_path), cfg)
+        # Loaded in float32; the engine's copy is in the dtype it chooses.
+        return cls.for_model(load_model(model_path), load_tokenizer(model_path), cfg)
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, tokenizer, cfg: EngineConfig) -> LocalEngine:
@@ -173,6 +195,7 @@ class LocalEngine:
             eos_token_ids=eos_token_ids(tokenizer, model),
             decode=tokenizer.decode,
             dtype=cfg.dtype,
+            weight_layout=cfg.weight_layout,
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,

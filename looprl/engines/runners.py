@@ -30,9 +30,14 @@ from looprl.engines.fused import FusedDecoder, PrefixStore, SlotCache, common_pr
 
 class FusedRunner:
     def __init__(
-        self, model: PreTrainedModel, budget_tokens: int, prefix_cache_tokens: int = 0
+        self,
+        model: PreTrainedModel,
+        budget_tokens: int,
+        prefix_cache_tokens: int = 0,
+        *,
+        packed: bool = False,
     ) -> None:
-        self._decoder = FusedDecoder(model)
+        self._decoder = FusedDecoder(model, packed=packed)
         self._device = model.device
         self.cache = SlotCache(self._decoder, budget_tokens)
         self.prefixes = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None

@@ -130,7 +130,7 @@ def serve(
     model_path: str = DEFAULT_MODEL,
     host: str = "127.0.0.1",
     port: int = 8000,
-    dtype: str = "float32",
+    dtype: str = "auto",
     model_name: str | None = None,
 ) -> None:
     """Serve a model at `http://host:port/v1` (no sessions, no auth) until Ctrl-C or SIGTERM.
@@ -144,6 +144,7 @@ async def _serve(model_path: str, host: str, port: int, dtype: str, model_name: 
     if model_name is None:
         model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
     engine = LocalEngine.from_config(model_path, EngineConfig(dtype=dtype))
+    log.info("Precision: %s", engine.precision.describe())
     app = create_app(
         engine,
         load_tokenizer(model_path),

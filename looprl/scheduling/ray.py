@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
 
+from looprl import precision
 from looprl.config import Config
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
@@ -103,6 +104,7 @@ class EngineReplica:
         run_dir = cfg.run_dir / "engines" / f"replica-{self.index}"
         tokenizer = load_tokenizer(cfg.model.path)
         model = load_model(cfg.model.path).to(_device())  # the engine keeps its own copy
+        precision.choose(cfg, _device())  # logs this replica's decision
         self.engine = await start_engine(cfg, model, tokenizer, run_dir)
         register(cfg.run_dir, f"engine-{self.index}", role="engine", rank=None)
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
@@ -189,6 +191,8 @@ class TrainerRank:
             cfg.run_dir, f"rank-{self.rank}", cfg.diagnostics, role="rank", rank=self.rank
         ).start()
         torch.manual_seed(cfg.run.seed)
+        if self.rank == 0:
+            precision.choose(cfg, device)  # logs the ranks' decision
         policy = load_model(cfg.model.path, cfg.model.dtype).to(device)
         reference = None
         if cfg.train.kl_coef > 0:

@@ -21,6 +21,7 @@ the policy's forward passes under FSDP and keeps its state dicts unsharded.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -33,6 +34,7 @@ from torch import nn
 
 from looprl.config import TrainConfig
 from looprl.diagnostics import oom_phase
+from looprl.precision import decide_train, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
 from looprl.training.batch import (
     TrainBatch,
@@ -47,6 +49,8 @@ from looprl.training.losses import (
     masked_mean,
     policy_loss,
 )
+
+log = logging.getLogger(__name__)
 
 _COUNTS = ("num_tokens", "num_micro_batches")  # summed over optimizer steps, not averaged
 
@@ -99,6 +103,13 @@ class Trainer:
         self.temperature = temperature
         self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
         self.device = next(model.parameters()).device
+        master_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.precision = decide_train(
+            cfg.compute_dtype, master_dtype, probe(self.device, *layer_shape(model.config))
+        )
+        if self.precision.warning:
+            warn_once(self.precision.warning)
+        log.debug("Trainer: %s", self.precision.describe())
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -114,7 +125,7 @@ class Trainer:
     def _memory_settings(self) -> dict[str, object]:
         return {
             "train.max_tokens_per_mb": self.cfg.max_tokens_per_mb,
-            "train.autocast_bf16": self.cfg.autocast_bf16,
+            "train.compute_dtype": self.precision.dtype,
         }
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -282,7 +293,7 @@ class Trainer:
         half of an RL batch. Assumes the logits are the output embedding of the decoder's
         last hidden state, as in Llama, Qwen and Mistral.
         """
-        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.autocast_bf16):
+        with self._autocast():
             hidden = model.get_decoder()(
                 input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
             ).last_hidden_state  # (B, T, H)
@@ -290,13 +301,16 @@ class Trainer:
         return logits.float().div_(self.temperature)
 
     def _logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
-        """Float32 logits / temperature (B, T, V), under bf16 autocast when configured."""
-        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.autocast_bf16):
+        """Float32 logits / temperature (B, T, V), under bf16 autocast when chosen."""
+        with self._autocast():
             output = model(
                 input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
             )
         # In place: at 8192 tokens x 49152 vocab a copy would cost another 1.6 GB.
         return output.logits.float().div_(self.temperature)
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision.autocast)
 
     def _to_device(self, mb: TrainBatch) -> TrainBatch:
         values = {f.name: getattr(mb, f.name) for f in fields(mb)}

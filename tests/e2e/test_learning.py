@@ -11,8 +11,11 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
+from looprl import precision
 from looprl.config import Config, load_config
 from looprl.loop import train
+
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
 
 class EvenTokenAgent:
@@ -34,7 +37,7 @@ def toy_job(model_dir, root, *overrides: str) -> Config:
             "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
             f"run.fileroot={root}",
             "engine.dtype=float32",
-            "train.autocast_bf16=false",
+            "train.compute_dtype=float32",
             "train.lr=3e-3",
             "train.total_steps=10",
             "rollout.batch_size=4",
@@ -80,3 +83,13 @@ async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_he
         assert max(staleness) <= max_head_offpolicyness and max(staleness) > 0, staleness
     assert (cfg.run_dir / "reward.png").stat().st_size > 0
     assert (summary.model_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+async def test_tiny_model_learns_in_the_precision_this_machine_picks(peaked_model_dir, tmp_path):
+    """engine.dtype and train.compute_dtype left at auto: bfloat16 where the CPU has
+    hardware bf16, float32 where it has not (make test's forced AVX2 run)."""
+    cfg = toy_job(peaked_model_dir, tmp_path, "engine.dtype=auto", "train.compute_dtype=auto")
+    decided = precision.choose(cfg)
+    await train(cfg, show_progress=False)
+    learned_steps(cfg, decided.line())

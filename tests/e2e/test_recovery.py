@@ -35,7 +35,7 @@ def _command(model_dir: Path, root: Path, trial: str) -> list[str]:
         f"run.fileroot={root}",
         f"run.trial_name={trial}",
         "engine.dtype=float32",
-        "train.autocast_bf16=false",
+        "train.compute_dtype=float32",
         "train.lr=3e-3",
         f"train.total_steps={STEPS}",
         "rollout.batch_size=2",

@@ -16,6 +16,8 @@ from looprl.config import load_config
 from looprl.consistency import check_consistency
 from looprl.models import load_tokenizer
 
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
+
 
 def _config(model_dir, tmp_path, *overrides):
     return load_config(
@@ -30,7 +32,7 @@ def _config(model_dir, tmp_path, *overrides):
 
 
 async def test_float32_engine_and_trainer_agree(tiny_model_dir, tmp_path):
-    cfg = _config(tiny_model_dir, tmp_path, "engine.dtype=float32", "train.autocast_bf16=false")
+    cfg = _config(tiny_model_dir, tmp_path, "engine.dtype=float32", "train.compute_dtype=float32")
     (report,) = await check_consistency(cfg, ["local"], samples=4, worst=3)
     assert report.engine == "local" and report.samples == 4
     assert 4 <= report.tokens <= 4 * 16
@@ -39,7 +41,7 @@ async def test_float32_engine_and_trainer_agree(tiny_model_dir, tmp_path):
 
 
 async def test_bfloat16_engine_differences_and_worst_tokens(tiny_model_dir, tmp_path):
-    cfg = _config(tiny_model_dir, tmp_path, "engine.dtype=bfloat16", "train.autocast_bf16=false")
+    cfg = _config(tiny_model_dir, tmp_path, "engine.dtype=bfloat16", "train.compute_dtype=float32")
     (report,) = await check_consistency(cfg, ["local"], samples=4, worst=4)
     print(report.summary())
     assert 1e-3 < report.mean_abs_diff < 0.1

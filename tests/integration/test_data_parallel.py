@@ -33,6 +33,8 @@ from looprl.training.trainer import Trainer
 from looprl.types import Trajectory
 from tests.conftest import tiny_llama_config
 
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
+
 PAD = 2
 ATOL, RTOL = 1e-5, 1e-5  # gradients, logprobs
 STATS_REL = 1e-4
@@ -46,7 +48,7 @@ SHAPES = {
     # Fewer rows than ranks: rank 1 has no row and runs placeholder passes only.
     "one_row": [(14, 4)],
 }
-# name -> (TrainConfig fields, batch, model). All with autocast_bf16=False.
+# name -> (TrainConfig fields, batch, model). All with compute_dtype="float32".
 CASES = {
     "token_mean": (dict(loss_agg="token_mean", max_tokens_per_mb=16), "uneven", "tiny"),
     "seq_mean_token_mean": (
@@ -74,7 +76,7 @@ SPLIT_STATS = {"num_micro_batches", "tokens_per_s", "train_time_s"}
 
 def _config(case: str) -> TrainConfig:
     fields, _, _ = CASES[case]
-    return TrainConfig(autocast_bf16=False, lr=1e-3, **fields)
+    return TrainConfig(compute_dtype="float32", lr=1e-3, **fields)
 
 
 def _trainer(cls, case: str, model_dirs: dict[str, Path]) -> Trainer:
@@ -124,7 +126,7 @@ def checkpoint_round_trip(rank: Rank, model_dir: Path, out: Path) -> None:
     """Step, save, step (rank 0 records the weights); then a fresh trainer loads the save
     and steps once more. With one rank it only loads the save of two and steps."""
     batch = _batches(out)["uneven"]
-    cfg = TrainConfig(autocast_bf16=False, lr=1e-3, warmup_steps=2, max_tokens_per_mb=16)
+    cfg = TrainConfig(compute_dtype="float32", lr=1e-3, warmup_steps=2, max_tokens_per_mb=16)
     saved = out / "trainer.pt"
     if rank.world_size == 2:
         trainer = DataParallelTrainer(load_model(model_dir), cfg)
@@ -149,7 +151,7 @@ def different_batches(rank: Rank, model_dir: Path, out: Path) -> None:
     batch = _batches(out)["uneven"]
     if rank.rank == 1:
         batch = batch.select(torch.arange(1, batch.num_sequences))
-    trainer = DataParallelTrainer(load_model(model_dir), TrainConfig(autocast_bf16=False))
+    trainer = DataParallelTrainer(load_model(model_dir), TrainConfig(compute_dtype="float32"))
     with pytest.raises(ValueError) as caught:
         trainer.train_step(batch)
     (out / f"different-batches-rank{rank.rank}.txt").write_text(str(caught.value))
@@ -184,7 +186,7 @@ def _batch(model, shapes: list[tuple[int, int]], seed: int) -> TrainBatch:
             )
         )
     batch, _ = build_batch(trajectories, "grpo", PAD)
-    logprobs = Trainer(model, TrainConfig(autocast_bf16=False)).compute_logprobs(batch)
+    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
     noise = torch.randn(batch.input_ids.shape, generator=gen)
     return replace(
         batch,

@@ -17,7 +17,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.local import LocalEngine
 from looprl.models import load_model, load_tokenizer
+from looprl.precision import layer_shape, probe
 from looprl.types import Generation, SamplingParams
+
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
 QUESTIONS = [
     "What is 2 + 3?",
@@ -76,14 +79,26 @@ def smol_model(smol_model_dir) -> LlamaForCausalLM:
     return load_model(smol_model_dir)
 
 
-@pytest.fixture(params=["fused", "hf"])
+FORWARDS = {  # id -> (engine.impl, engine.weight_layout)
+    "fused-packed": ("fused", "packed"),
+    "fused-plain": ("fused", "plain"),
+    "hf": ("hf", "auto"),
+}
+
+
+@pytest.fixture(params=FORWARDS)
 async def tiny_engine(request, tiny_model, tokenizer):
-    """Both model runners: every test on this fixture holds for each."""
+    """Every forward, in float32: the fused one with oneDNN-packed and with plain weights
+    (the path a CPU takes where a dtype does not pack), and Hugging Face's. Every test on
+    this fixture holds for each."""
+    impl, layout = FORWARDS[request.param]
     engine = LocalEngine(
         tiny_model,
         eos_token_ids=[tokenizer.eos_token_id],
         decode=tokenizer.decode,
-        impl=request.param,
+        dtype="float32",
+        weight_layout=layout,
+        impl=impl,
     )
     yield engine
     await engine.stop()
@@ -104,11 +119,18 @@ async def generate_all(engine, prompts, sampling) -> list[Generation]:
     return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(
+    ("temperature", "layout"), [(1.0, "packed"), (1.0, "plain"), (0.7, "packed")]
+)
 async def test_logprobs_match_teacher_forcing_real_model(
-    smol_model, tokenizer, prompts, temperature
+    smol_model, tokenizer, prompts, temperature, layout
 ):
-    engine = LocalEngine(smol_model, eos_token_ids=[tokenizer.eos_token_id])
+    engine = LocalEngine(
+        smol_model,
+        eos_token_ids=[tokenizer.eos_token_id],
+        dtype="float32",
+        weight_layout=layout,
+    )
     sampling = SamplingParams(max_new_tokens=10, temperature=temperature)
     gens = await generate_all(engine, prompts[:4], sampling)
     await engine.stop()
@@ -119,7 +141,7 @@ async def test_logprobs_match_teacher_forcing_real_model(
 
 async def test_event_loop_stays_responsive_while_decoding(smol_model, prompts):
     """The engine yields to the loop after every step: a coroutine sharing it keeps ticking."""
-    engine = LocalEngine(smol_model, eos_token_ids=[])
+    engine = LocalEngine(smol_model, eos_token_ids=[], dtype="float32")
     ticks: list[float] = []
 
     async def ticker() -> None:
@@ -177,8 +199,14 @@ async def test_greedy_logprobs_are_untempered(tiny_engine, tiny_model, prompts):
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
 
 
-async def test_bfloat16_engine_logprobs_are_close_to_float32(tiny_model, prompts):
-    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="bfloat16")
+@pytest.mark.parametrize("layout", ["packed", "plain"])
+async def test_bfloat16_engine_logprobs_are_close_to_float32(tiny_model, prompts, layout):
+    if layout == "packed" and not probe("cpu", *layer_shape(tiny_model.config)).can_pack(
+        "bfloat16"
+    ):
+        pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU (no AVX-512 BW/VL/DQ)")
+    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="bfloat16", weight_layout=layout)
+    assert engine.precision.weight_layout == layout
     gens = await generate_all(engine, prompts[:3], SamplingParams(max_new_tokens=8))
     await engine.stop()
     assert next(tiny_model.parameters()).dtype == torch.float32  # the engine has its own copy
@@ -237,7 +265,7 @@ async def test_finish_reasons(tiny_model, tokenizer, tiny_engine, prompts):
     )
     assert (by_text.output_ids, by_text.finish_reason) == (ref.output_ids[:cut], "stop")
 
-    eos_engine = LocalEngine(tiny_model, eos_token_ids=[ref.output_ids[3]])
+    eos_engine = LocalEngine(tiny_model, eos_token_ids=[ref.output_ids[3]], dtype="float32")
     by_eos = await eos_engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
     await eos_engine.stop()
     cut = ref.output_ids.index(ref.output_ids[3]) + 1
@@ -326,7 +354,9 @@ async def test_pause_holds_decoding_until_resume(tiny_engine, tiny_model, prompt
 
 @pytest.mark.parametrize("impl", ["fused", "hf"])
 async def test_kv_budget(tiny_model, prompts, impl):
-    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=100, impl=impl)
+    engine = LocalEngine(
+        tiny_model, eos_token_ids=[], max_tokens_per_batch=100, impl=impl, dtype="float32"
+    )
     too_big = SamplingParams(max_new_tokens=101 - len(prompts[0]), temperature=0)
     with pytest.raises(EngineError, match="max_tokens_per_batch=100"):
         await engine.generate(prompts[0], too_big)
@@ -375,7 +405,7 @@ async def test_stop_fails_waiting_requests(tiny_engine, prompts):
 async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts):
     """Many requests against a small budget: all finish, the cache never outgrows it."""
     budget = 400
-    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=budget)
+    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=budget, dtype="float32")
     cache = engine._runner.cache
     config = tiny_model.config
     head_dim = config.hidden_size // config.num_attention_heads
@@ -394,7 +424,7 @@ async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts):
     await engine.stop()
     assert [len(g.output_ids) for g in gens] == [40] * len(prompts) * 3
     assert 0 < peak <= budget * per_token
-    alone = LocalEngine(tiny_model, eos_token_ids=[])
+    alone = LocalEngine(tiny_model, eos_token_ids=[], dtype="float32")
     expected = [await alone.generate(p, sampling) for p in prompts]
     await alone.stop()
     assert [g.output_ids for g in gens] == [g.output_ids for g in expected] * 3
@@ -420,8 +450,8 @@ async def test_prefix_store_skips_shared_and_earlier_tokens(tiny_model, other_ti
     a finished sequence prefills only its new tokens; a weight update empties the store.
     Outputs and logprobs stay those of an engine without the store."""
     greedy = SamplingParams(max_new_tokens=6, temperature=0)
-    plain = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0)
-    engine = LocalEngine(tiny_model, eos_token_ids=[])
+    plain = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0, dtype="float32")
+    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="float32")
     store = engine._runner.prefixes
     rows, tokens = count_prefills(engine)
     shared = len(os.path.commonprefix(prompts))
@@ -458,7 +488,7 @@ async def test_prefix_store_skips_shared_and_earlier_tokens(tiny_model, other_ti
 
 async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
     """A group's samples are prefilled once; each still matches its prompt run alone."""
-    engine = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0)
+    engine = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0, dtype="float32")
     prefilled_rows = count_prefills(engine)[0]
     greedy = SamplingParams(max_new_tokens=10, temperature=0)
     group = [prompts[0]] * 4 + [prompts[1]] * 4

@@ -232,6 +232,7 @@ def test_launching_sglang_passes_options_through(tmp_path):
     # what a machine refuses (no GPU, too few GPUs): tests/unit/test_engine_launch.py
     cfg = EngineConfig(
         type="sglang",
+        dtype="bfloat16",
         tensor_parallel_size=2,
         gpu_memory_fraction=0.7,
         attention_backend="fa3",

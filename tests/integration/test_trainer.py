@@ -14,6 +14,8 @@ from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.trainer import Trainer, lr_factor
 from looprl.types import Trajectory
 
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
+
 PAD = 2
 # (length, prompt tokens, reward, group): two groups of three with mixed rewards.
 SHAPES = [(9, 4, 1.0, "a"), (12, 4, 0.0, "a"), (7, 4, 0.0, "a"),
@@ -42,14 +44,14 @@ def _batch(model, algorithm="grpo") -> TrainBatch:
         )
     batch, _ = build_batch(trajectories, algorithm, PAD)
     # Behavior logprobs from the model itself, as a float32 engine at temperature 1 gives.
-    logprobs = Trainer(model, TrainConfig(autocast_bf16=False)).compute_logprobs(batch)
+    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
     return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
 
 
 def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
     batch = _batch(model)
     trainer = Trainer(
-        model, TrainConfig(max_tokens_per_mb=24, autocast_bf16=False), temperature=0.7
+        model, TrainConfig(max_tokens_per_mb=24, compute_dtype="float32"), temperature=0.7
     )
     got = trainer.compute_logprobs(batch)  # several micro-batches, scattered back
     assert got.dtype == torch.float32 and got.shape == batch.input_ids.shape
@@ -82,8 +84,8 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
     grads, counts = [], []
     # One micro-batch; then lengths [9, 12, 7, 10, 6, 11] in 16 tokens: 12 | 11 | 10 | 9 | 7, 6
     for budget in (4096, 16):
-        cfg = TrainConfig(autocast_bf16=False, loss_agg=agg, max_tokens_per_mb=budget, kl_coef=0.1,
-                          behavior_weight_cap=1.5)  # fmt: skip
+        cfg = TrainConfig(compute_dtype="float32", loss_agg=agg, max_tokens_per_mb=budget,
+                          kl_coef=0.1, behavior_weight_cap=1.5)  # fmt: skip
         trainer = Trainer(model, cfg, ref_model=ref_model)
         model.zero_grad(set_to_none=True)
         stats = trainer.accumulate_gradients(batch)
@@ -100,7 +102,7 @@ def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
     model = copy.deepcopy(model)
     batch = _batch(model)
     trainer = Trainer(
-        model, TrainConfig(autocast_bf16=False, lr=1e-3, ppo_epochs=2, mini_batches=2)
+        model, TrainConfig(compute_dtype="float32", lr=1e-3, ppo_epochs=2, mini_batches=2)
     )
     before_weights = {k: v.clone() for k, v in trainer.state_dict_for_engine().items()}
     before = trainer.compute_logprobs(batch)
@@ -125,7 +127,7 @@ def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
 def test_bf16_autocast_step_keeps_float32_logprobs(model):
     model = copy.deepcopy(model)
     batch = _batch(model)
-    trainer = Trainer(model, TrainConfig(autocast_bf16=True))
+    trainer = Trainer(model, TrainConfig(compute_dtype="bfloat16"))
     assert trainer.compute_logprobs(batch).dtype == torch.float32
     stats = trainer.train_step(batch)
     assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
@@ -172,7 +174,7 @@ def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
     batch = _batch(model)
     grads = []
     for proximal in (None, "separate pass"):
-        trainer = Trainer(model, TrainConfig(autocast_bf16=False, max_tokens_per_mb=24))
+        trainer = Trainer(model, TrainConfig(compute_dtype="float32", max_tokens_per_mb=24))
         filled = trainer.compute_logprobs(batch) if proximal else None
         model.zero_grad(set_to_none=True)
         stats = trainer.accumulate_gradients(replace(batch, proximal_logprobs=filled))

@@ -65,7 +65,7 @@ async def fp32(vllm_venv, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     cfg = load_config(
         None,
-        [*SERVER, "engine.dtype=float32", "train.autocast_bf16=false", f"run.fileroot={root}"],
+        [*SERVER, "engine.dtype=float32", "train.compute_dtype=float32", f"run.fileroot={root}"],
     )
     tokenizer = load_tokenizer("default")
     policy = load_model("default")

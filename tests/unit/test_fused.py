@@ -22,6 +22,9 @@ from transformers import (
 )
 
 from looprl.engines.fused import FusedDecoder, SlotCache, unsupported_reason
+from looprl.precision import probe
+
+pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
 SIZES = dict(
     vocab_size=300,
@@ -41,8 +44,21 @@ MODELS = {
 }
 
 
+def packs(dtype: str) -> bool:
+    """Whether oneDNN packs `dtype` weights on this CPU (bfloat16: not on AVX2 alone)."""
+    return probe("cpu", SIZES["hidden_size"], SIZES["intermediate_size"]).can_pack(dtype)
+
+
+def layouts(dtype: str) -> list:
+    """Both weight layouts; packed is skipped, saying why, where `dtype` cannot pack."""
+    why = f"oneDNN cannot pack {dtype} weights on this CPU"
+    skip = [] if packs(dtype) else [pytest.mark.skip(reason=why)]
+    return [pytest.param(False, id="plain"), pytest.param(True, id="packed", marks=skip)]
+
+
+@pytest.mark.parametrize("packed", layouts("float32"))
 @pytest.mark.parametrize("arch", MODELS)
-def test_prefill_and_decode_match_the_hugging_face_forward(arch):
+def test_prefill_and_decode_match_the_hugging_face_forward(arch, packed):
     torch.manual_seed(0)
     model = MODELS[arch]().eval()
     if arch == "qwen2":  # random init leaves biases at zero; make them matter
@@ -50,7 +66,7 @@ def test_prefill_and_decode_match_the_hugging_face_forward(arch):
             for layer in model.model.layers:
                 layer.self_attn.q_proj.bias.normal_(0, 0.5)
                 layer.self_attn.k_proj.bias.normal_(0, 0.5)
-    decoder = FusedDecoder(model)
+    decoder = FusedDecoder(model, packed=packed)
     cache = SlotCache(decoder, budget_tokens=10_000)
     sequences = [torch.randint(0, 300, (n,)).tolist() for n in (9, 4, 13)]
     slots = torch.tensor([3, 0, 1])  # any free slots, in any order
@@ -70,13 +86,14 @@ def test_prefill_and_decode_match_the_hugging_face_forward(arch):
         torch.testing.assert_close(decode[i], ref[-1], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("packed", layouts("float32"))
 @pytest.mark.parametrize("arch", MODELS)
-def test_prefill_after_a_cached_prefix_matches_the_hugging_face_forward(arch):
+def test_prefill_after_a_cached_prefix_matches_the_hugging_face_forward(arch, packed):
     """Rows continue from K/V already in their slots (a reused prefix), each from its own
     position; one row starts from scratch in the same call."""
     torch.manual_seed(1)
     model = MODELS[arch]().eval()
-    decoder = FusedDecoder(model)
+    decoder = FusedDecoder(model, packed=packed)
     cache = SlotCache(decoder, budget_tokens=10_000)
     cache.reserve(3, 24)
     sequences = [torch.randint(0, 300, (n,)).tolist() for n in (11, 7, 15)]
@@ -99,6 +116,35 @@ def test_prefill_after_a_cached_prefix_matches_the_hugging_face_forward(arch):
             ref = model(torch.tensor([s + [int(nxt[i])]])).logits[0]
         torch.testing.assert_close(logits[i], ref[-2], atol=1e-4, rtol=0)
         torch.testing.assert_close(decode[i], ref[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("packed", layouts("bfloat16"))
+def test_bfloat16_forward_is_as_close_to_float32_as_hugging_faces_bfloat16(packed):
+    """In bfloat16, packed or plain, the fused logits are as far from the float32 forward
+    as the Hugging Face bfloat16 forward's are (the error is the dtype's)."""
+    torch.manual_seed(2)
+    model = MODELS["llama"]().eval()
+    sequence = torch.randint(0, 300, (12,)).tolist()
+    with torch.no_grad():
+        want = model(torch.tensor([sequence])).logits[0, -1]
+        hf_error = (
+            (model.to(torch.bfloat16)(torch.tensor([sequence])).logits[0, -1].float() - want)
+            .abs()
+            .max()
+        )
+    decoder = FusedDecoder(model, packed=packed)
+    assert decoder.dtype == torch.bfloat16
+    cache = SlotCache(decoder, budget_tokens=1000)
+    cache.reserve(1, 16)
+    logits = decoder.prefill(cache, torch.tensor([sequence]), torch.tensor([12]), torch.tensor([0]))
+    error = (logits[0] - want).abs().max()
+    assert 0 < error < max(2 * hf_error, 0.05)
+
+
+def test_packed_weights_are_refused_off_the_cpu():
+    model = MODELS["llama"]().eval().to("meta")
+    with pytest.raises(ValueError, match="oneDNN's CPU layout"):
+        FusedDecoder(model, packed=True)
 
 
 def test_unsupported_models_say_why():

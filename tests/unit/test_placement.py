@@ -6,8 +6,9 @@ import os
 
 import pytest
 
+from looprl import forced_cpu
 from looprl.config import Config, ConfigError
-from looprl.scheduling.placement import Node, cluster_nodes, parse_allocation, resolve
+from looprl.scheduling.placement import Bundle, Node, cluster_nodes, parse_allocation, resolve
 
 ONE_NODE = [Node("10.0.0.1", 8)]
 TWO_NODES = [Node("10.0.0.1", 4), Node("10.0.0.2", 4)]
@@ -22,7 +23,8 @@ def where(bundles) -> list[tuple[str, tuple[int, ...]]]:
     return [(b.node_ip, b.gpu_ids) for b in bundles]
 
 
-def test_disaggregated_on_eight_gpus_trainer_first_then_engines():
+def test_disaggregated_on_eight_gpus_trainer_first_then_engines(monkeypatch):
+    monkeypatch.delenv(forced_cpu.VARIABLE, raising=False)
     plan = resolve(config(allocation="vllm:d6+fsdp:d2"), ONE_NODE)
     assert plan.placement == "disaggregated" and plan.backend == "nccl"
     assert where(plan.trainers) == [("10.0.0.1", (0,)), ("10.0.0.1", (1,))]
@@ -130,7 +132,8 @@ def test_explicit_fields_that_agree_with_the_allocation_pass():
     assert resolve(cfg, ONE_NODE).engine_replicas == 2
 
 
-def test_cpu_only_cluster_puts_everything_on_the_first_node_with_gloo():
+def test_cpu_only_cluster_puts_everything_on_the_first_node_with_gloo(monkeypatch):
+    monkeypatch.delenv(forced_cpu.VARIABLE, raising=False)
     nodes = [Node("192.0.2.2", 0), Node("192.0.2.3", 0)]
     plan = resolve(config(engine="local", allocation="local:d1+fsdp:d2"), nodes)
     assert plan.backend == "gloo" and (plan.engine_replicas, plan.trainer_ranks) == (1, 2)
@@ -260,3 +263,13 @@ def test_actors_started_with_the_plans_options_see_their_planned_gpus():
         ray.shutdown()
     assert nodes == [Node(nodes[0].ip, 2)]
     assert seen == ["0", "1", "0", "1"]
+
+
+def test_actors_inherit_a_forced_cpu(monkeypatch):
+    """LOOPRL_FORCE_CPU reaches Ray actors on every node through their runtime_env."""
+    bundle = Bundle(role="engine", index=0, node_ip="127.0.0.1", gpu_ids=(), num_gpus=0)
+    monkeypatch.setenv(forced_cpu.VARIABLE, "avx2")
+    env = bundle.ray_options()["runtime_env"]["env_vars"]
+    assert env == {forced_cpu.VARIABLE: "avx2", **forced_cpu.SETTINGS["avx2"]}
+    monkeypatch.delenv(forced_cpu.VARIABLE)
+    assert "runtime_env" not in bundle.ray_options()
