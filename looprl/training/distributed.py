@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from looprl.config import TrainConfig
-from looprl.training.batch import TrainBatch, micro_batch_indices
+from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -144,15 +144,12 @@ class DataParallelTrainer(Trainer):
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
 
-    def _micro_batch_plan(self, lengths: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
-        """This rank's shard FFD-packed, then placeholder passes up to the most micro-batches
-        of any rank (every rank computes every rank's plan)."""
+    def _micro_batch_plan(self, batch: TrainBatch) -> list[tuple[torch.Tensor, bool]]:
+        """This rank's shard in micro-batches, then placeholder passes up to the most
+        micro-batches of any rank (every rank computes every rank's plan)."""
+        lengths = batch.lengths
         plans = [
-            [
-                shard[rows]
-                for rows in micro_batch_indices(lengths[shard], self.cfg.max_tokens_per_mb)
-            ]
-            for shard in balanced_shards(lengths, self.world_size)
+            self._micro_batches(batch, shard) for shard in balanced_shards(lengths, self.world_size)
         ]
         mine = plans[self.rank]
         placeholder = lengths.argmin().reshape(1)  # the cheapest pass

@@ -7,10 +7,17 @@ algorithm-blind: advantages arrive in the TrainBatch and the loss is losses.py's
 
 One `train_step`: recompute the proximal logprobs (and reference logprobs for the KL
 penalty) without grad, then for each of `ppo_epochs` passes and each of `mini_batches`
-mini-batches take one optimizer step, accumulating gradients over FFD micro-batches
-whose losses are normalized by the whole mini-batch (see losses.py), so the update does
-not depend on `max_tokens_per_mb`. The LR schedule advances once per train_step, so
+mini-batches take one optimizer step, accumulating gradients over micro-batches whose
+losses are normalized by the whole mini-batch (see losses.py), so the update does not
+depend on `max_tokens_per_mb`. The LR schedule advances once per train_step, so
 `warmup_steps` and `total_steps` count train_steps, not optimizer steps.
+
+Where the time goes, and what is not computed. Every token through the decoder costs
+the same, so the trainer runs as few as give the same gradient: a group's shared
+prompt once, its rows packed after it without padding (shared_prefix.py; Llama-family
+models), micro-batches made of whole groups; rows with zero advantage, which add
+nothing to the gradient without a KL term, not at all; and the LM head only where a
+sampled token is predicted.
 
 Data parallelism (distributed.py) changes four hooks, here the one-process ones: which
 rows of a (mini-)batch this process runs and in how many forward passes
@@ -36,6 +43,7 @@ from looprl.config import TrainConfig
 from looprl.diagnostics import oom_phase
 from looprl.precision import decide_train, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
+from looprl.training import shared_prefix
 from looprl.training.batch import (
     TrainBatch,
     micro_batch_indices,
@@ -73,6 +81,12 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     logits = logits[:, :-1]  # (B, T-1, V), row t predicts token t + 1
     picked = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
     return F.pad(picked - logits.logsumexp(dim=-1), (1, 0))
+
+
+def _rows_with_gradient(batch: TrainBatch) -> torch.Tensor:
+    """Rows (n,) whose advantage is not zero, or the shortest row when none is."""
+    rows = (batch.advantages != 0).nonzero()[:, 0]
+    return rows if len(rows) else batch.lengths.argmin().reshape(1)
 
 
 class Trainer:
@@ -174,21 +188,29 @@ class Trainer:
         detached. `batch.ref_logprobs`, when filled, adds kl_coef x KL. Returns the loss,
         stats weighted by sampled tokens, and the counts `num_tokens` (non-pad tokens
         through forward + backward) and `num_micro_batches`, all over every process.
+
+        Rows whose advantage is zero (a GRPO group whose rewards are all equal) add exactly
+        nothing to the clipped loss's gradient, so without a KL term they are left out of
+        the forward; the loss is still normalized over every row, and the stats cover the
+        rows trained on. (If none is left, the shortest row runs: every parameter then gets
+        a zero gradient, as the whole batch would give it, for the optimizer's step.)
         """
         cfg = self.cfg
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
+        if cfg.kl_coef == 0:
+            batch = batch.select(_rows_with_gradient(batch))
         eps_clip_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
         weighted: dict[str, float] = defaultdict(float)
         total_loss, num_micro_batches = 0.0, 0
-        for rows, counts in self._micro_batch_plan(batch.lengths):
+        for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
             logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
             picked = mb.input_ids[mb.loss_mask]  # (K,)
             sampled = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
             # (B, T), zero off the mask; masked_scatter fills in the same row-major order
-            logprobs = torch.zeros(mb.input_ids.shape, dtype=sampled.dtype).masked_scatter(
-                mb.loss_mask, sampled
-            )
+            logprobs = torch.zeros(
+                mb.input_ids.shape, dtype=sampled.dtype, device=sampled.device
+            ).masked_scatter(mb.loss_mask, sampled)
             proximal = logprobs.detach() if mb.proximal_logprobs is None else mb.proximal_logprobs
             loss, stats = policy_loss(
                 logprobs,
@@ -264,18 +286,33 @@ class Trainer:
     @torch.no_grad()
     def _logprobs_without_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (N, T)
-        for rows, counts in self._micro_batch_plan(batch.lengths):
+        for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
             logprobs = token_logprobs(self._logits(model, mb), mb.input_ids)  # (n, t)
             if counts:
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return self._sum_over_ranks(out)  # each row was computed by one process
 
-    def _micro_batch_plan(self, lengths: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
-        """This process's forward passes over a batch of `lengths` (N,): the rows (n_i,) of
-        each micro-batch and whether it counts. Here every row, FFD-packed; a data-parallel
-        rank takes its share and pads with passes that do not count (see distributed.py)."""
-        return [(rows, True) for rows in micro_batch_indices(lengths, self.cfg.max_tokens_per_mb)]
+    def _micro_batch_plan(self, batch: TrainBatch) -> list[tuple[torch.Tensor, bool]]:
+        """This process's forward passes over `batch`: the rows (n_i,) of each micro-batch
+        and whether it counts. Here every row; a data-parallel rank takes its share and
+        pads with passes that do not count (see distributed.py)."""
+        return [
+            (rows, True) for rows in self._micro_batches(batch, torch.arange(len(batch.lengths)))
+        ]
+
+    def _micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """`rows` (n,) of `batch` in micro-batches under train.max_tokens_per_mb: packed
+        with their group's shared prompt where the model allows it (shared_prefix.py),
+        else right-padded, first-fit-decreasing by length."""
+        budget = self.cfg.max_tokens_per_mb
+        if shared_prefix.supports(self.model):
+            plan = shared_prefix.micro_batches(
+                batch.input_ids[rows], batch.lengths[rows], batch.group_index[rows], budget
+            )
+        else:
+            plan = micro_batch_indices(batch.lengths[rows], budget)
+        return [rows[part] for part in plan]
 
     def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over data-parallel processes; one process has nothing to add."""
@@ -294,20 +331,29 @@ class Trainer:
         last hidden state, as in Llama, Qwen and Mistral.
         """
         with self._autocast():
-            hidden = model.get_decoder()(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-            ).last_hidden_state  # (B, T, H)
+            hidden = self._hidden(model, mb)  # (B, T, H)
             logits = model.get_output_embeddings()(hidden[:, :-1][mb.loss_mask[:, 1:]])
         return logits.float().div_(self.temperature)
 
     def _logits(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
         """Float32 logits / temperature (B, T, V), under bf16 autocast when chosen."""
         with self._autocast():
-            output = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-            )
+            logits = model.get_output_embeddings()(self._hidden(model, mb))
         # In place: at 8192 tokens x 49152 vocab a copy would cost another 1.6 GB.
-        return output.logits.float().div_(self.temperature)
+        return logits.float().div_(self.temperature)
+
+    def _hidden(self, model: nn.Module, mb: TrainBatch) -> torch.Tensor:
+        """The decoder's last hidden states (B, T, H); the prompt a group's rows share is
+        computed once for them where the model allows it (shared_prefix.py)."""
+        decoder = model.get_decoder()
+        packing = None
+        if shared_prefix.supports(model):
+            packing = shared_prefix.pack(mb.input_ids, mb.lengths, mb.group_index)
+        if packing is None:
+            return decoder(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            ).last_hidden_state
+        return shared_prefix.hidden_states(decoder, packing, model.config.hidden_size)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision.autocast)

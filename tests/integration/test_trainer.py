@@ -210,3 +210,87 @@ def test_a_forced_oom_names_its_phase_and_max_tokens_per_mb(model, monkeypatch):
     monkeypatch.setattr(trainer, "_logits", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         trainer.compute_logprobs(batch)
+
+
+def _shared_prompt_batch(model, rewards: dict[str, list[float]]) -> TrainBatch:
+    """Per group, its rows: one 24-token prompt shared by the group, then 3-12 sampled
+    tokens each; the rewards given (a group with equal rewards gets zero advantage);
+    behavior logprobs from the model itself."""
+    gen = torch.Generator().manual_seed(2)
+    trajectories = []
+    for group, group_rewards in rewards.items():
+        prompt = torch.randint(3, 1000, (24,), generator=gen)
+        for reward in group_rewards:
+            sampled = torch.randint(3, 1000, (int(torch.randint(3, 13, (), generator=gen)),))
+            ids = torch.cat([prompt, sampled])
+            loss_mask = torch.arange(len(ids)) >= len(prompt)
+            trajectories.append(
+                Trajectory(
+                    ids,
+                    loss_mask,
+                    torch.where(loss_mask, -3.0, 0.0),
+                    torch.where(loss_mask, 0, -1),
+                    reward,
+                    group_id=group,
+                )  # fmt: skip
+            )
+    batch = build_batch(trajectories, "grpo", PAD)[0]
+    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
+    return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
+
+
+def _gradients(trainer: Trainer, batch: TrainBatch) -> tuple[list[torch.Tensor], dict]:
+    trainer.model.zero_grad(set_to_none=True)
+    stats = trainer.accumulate_gradients(batch)
+    return [p.grad.clone() for p in trainer.params], stats
+
+
+def test_a_groups_shared_prompt_runs_once_with_the_same_gradients(model, monkeypatch):
+    """Packed (each prompt once, no padding between rows) vs the plain padded forward,
+    in float64: the same loss gradients, from fewer tokens through the decoder."""
+    from looprl.training import shared_prefix
+
+    batch = _shared_prompt_batch(model, {"a": [1.0, 0.0, 0.0, 1.0], "b": [0.0, 1.0, 1.0]})
+    trainer = Trainer(copy.deepcopy(model).double(), TrainConfig(compute_dtype="float32"))
+    packed, _ = _gradients(trainer, batch)
+    forwards = []
+    real_hidden = trainer._hidden
+    monkeypatch.setattr(trainer, "_hidden", lambda m, mb: forwards.append(mb) or real_hidden(m, mb))
+    monkeypatch.setattr(shared_prefix, "supports", lambda model: False)
+    plain, _ = _gradients(trainer, batch)
+    assert max(float(g.abs().max()) for g in plain) > 1e-2
+    for a, b in zip(packed, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5 * float(b.abs().max()), rtol=0)
+    assert forwards  # the plain run went through the padded forward
+
+
+def test_rows_with_zero_advantage_are_left_out_with_the_same_gradients(model, monkeypatch):
+    """Group "b"'s rewards are all equal: its rows add nothing to the gradient, so they
+    are not run; the loss is still normalized over every row's tokens."""
+    from looprl.training import trainer as trainer_module
+
+    batch = _shared_prompt_batch(model, {"a": [1.0, 0.0, 0.0], "b": [1.0, 1.0, 1.0, 1.0]})
+    assert (batch.advantages[3:] == 0).all() and (batch.advantages[:3] != 0).all()
+    trainer = Trainer(copy.deepcopy(model).double(), TrainConfig(compute_dtype="float32"))
+    skipped, skipped_stats = _gradients(trainer, batch)
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer_module, "_rows_with_gradient", lambda b: torch.arange(len(b.lengths)))
+        every, every_stats = _gradients(trainer, batch)
+    assert skipped_stats["num_tokens"] == int(batch.lengths[:3].sum())
+    assert every_stats["num_tokens"] == batch.num_tokens
+    # Llama's RMSNorm computes in float32 even in a float64 model, and the packed rows'
+    # widths differ between the runs: ~1e-7 of the largest value apart.
+    assert skipped_stats["loss"] == pytest.approx(every_stats["loss"], rel=1e-6)
+    assert max(float(g.abs().max()) for g in every) > 1e-2
+    for a, b in zip(skipped, every, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5 * float(b.abs().max()), rtol=0)
+
+
+def test_a_batch_with_no_advantage_still_gives_every_parameter_a_zero_gradient(model):
+    """AdamW steps every parameter that has a gradient (momentum, weight decay); a batch
+    of all-equal rewards must leave them as the whole batch would: zero, not None."""
+    batch = _shared_prompt_batch(model, {"a": [1.0, 1.0], "b": [0.0, 0.0, 0.0]})
+    trainer = Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32"))
+    grads, stats = _gradients(trainer, batch)
+    assert stats["num_tokens"] == int(batch.lengths.min())
+    assert len(grads) == len(trainer.params) and all((g == 0).all() for g in grads)
