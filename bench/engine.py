@@ -18,8 +18,9 @@ side is warmed up, then timed `--repeats` times; the best run is reported (other
 on a shared machine only ever makes a run slower). HF and LocalEngine alternate; the
 vLLM server runs alone afterwards (idle, it still polls and would slow the others).
 
-    .venv/bin/python bench/engine.py                  # bf16, vLLM compiled (~100 s start)
+    .venv/bin/python bench/engine.py       # the dtype auto picks here, vLLM compiled (~100 s)
     .venv/bin/python bench/engine.py --vllm-eager --dtypes bfloat16 float32
+    LOOPRL_FORCE_CPU=avx2 .venv/bin/python bench/engine.py   # as on an AVX2-only CPU
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import torch
 
 from looprl.engines.local import LocalEngine
 from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
-from looprl.models import default_model_dir, load_model, load_tokenizer
+from looprl.models import default_model_dir, load_model, load_tokenizer, model_config
+from looprl.precision import cpu, decide_engine, layer_shape, probe
 from looprl.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,14 +141,19 @@ async def time_vllm(server: VLLMServer, prompts: list[list[int]], new_tokens: in
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per side")
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["auto"], help="auto: what looprl picks on this CPU"
+    )
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM --enforce-eager")
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
 
     tokenizer = load_tokenizer("default")
+    chosen = decide_engine("auto", "auto", probe("cpu", *layer_shape(model_config("default"))))
+    args.dtypes = [chosen.dtype if d == "auto" else d for d in args.dtypes]
     peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
+    print(f"{cpu().describe()}; auto: {chosen.describe()}")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
         f"{os.getloadavg()[0]:.2f}; matmul peak (2048^3): "
@@ -159,7 +166,7 @@ async def main() -> None:
         torch.manual_seed(0)
         model = load_model("default", dtype)
         model.generation_config.eos_token_id = None  # exactly new_tokens per row
-        engine = LocalEngine(model, eos_token_ids=[], dtype=dtype)
+        engine = LocalEngine(model, eos_token_ids=[], dtype=dtype)  # weights laid out as auto
         for name in args.workloads:
             prompts, new_tokens = workload(tokenizer, name)
             flops[name] = flops_per_run(model, prompts, new_tokens)
