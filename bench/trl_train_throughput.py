@@ -7,7 +7,7 @@ TRL's side is `trainer.compute_loss(model, inputs)` + `accelerator.backward` + g
 clip + optimizer step + zero_grad, on inputs in the format its `_compute_loss` reads,
 after `accelerator.prepare` as in its training loop; no generation on either side. Both
 use fp32 master weights, lr 2e-5, max_grad_norm 1, no KL; "bf16" is bf16 autocast
-(looprl: train.autocast_bf16, TRL: bf16=True). Each side is warmed up once, then timed
+(looprl: train.compute_dtype=bfloat16, TRL: bf16=True). Each side is warmed up once, then timed
 `--repeats` times; the best is reported.
 
 TRL runs in its own venv, `.venv-trl` (created when missing), in a subprocess that runs
@@ -114,7 +114,7 @@ def looprl_trainer_and_batch(data: dict, model_dir: Path, train_cfg):
 def time_looprl(data: dict, model_dir: Path, bf16: bool, repeats: int) -> float:
     from looprl.config import TrainConfig
 
-    cfg = TrainConfig(lr=LR, autocast_bf16=bf16)
+    cfg = TrainConfig(lr=LR, compute_dtype="bfloat16" if bf16 else "float32")
     trainer, batch = looprl_trainer_and_batch(data, model_dir, cfg)
     return best_of(lambda: trainer.train_step(batch), repeats)
 
