@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from looprl.config import load_config
-from looprl.engines.local import LocalEngine
+from looprl.engines.local.engine import LocalEngine
 from looprl.loop import train
 
 

@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from looprl.engines.local import LocalEngine
-from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.local.engine import LocalEngine
+from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
 from looprl.models import default_model_dir, load_model, load_tokenizer, model_config
 from looprl.precision import cpu, decide_engine, layer_shape, probe
 from looprl.types import SamplingParams

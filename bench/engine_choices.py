@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from looprl.engines.fused import FusedDecoder, SlotCache, _pack
+from looprl.engines.local.fused import FusedDecoder, SlotCache, _pack
 from looprl.models import load_model
 
 BATCH, PROMPT, VOCAB = 32, 40, 49152
@@ -77,7 +77,7 @@ def threads(model) -> None:
 
 def sampling_child(tune: bool) -> None:
     """Runs in a subprocess: time LocalEngine._sample on 64 rows, print microseconds."""
-    import looprl.engines.local as local
+    import looprl.engines.local.engine as local
     from looprl.types import SamplingParams
 
     if not tune:

@@ -38,7 +38,7 @@ GROUP, COMPLETION_TOKENS, LR = 8, 48, 2e-5
 
 def ensure_trl_venv() -> None:
     """Create .venv-trl with torch 2.13.0 (the local CPU wheel) and the newest TRL."""
-    from looprl.venvs import ensure_venv  # here: this file also runs in .venv-trl
+    from looprl.engines.servers.venvs import ensure_venv  # here: this file also runs in .venv-trl
 
     ensure_venv(TRL_VENV, ["torch==2.13.0", "trl"])
 

@@ -1,5 +1,5 @@
 """looprl: train any LLM agent with reinforcement learning."""
 
-from looprl import forced_cpu
+from looprl import runtime
 
-forced_cpu.apply()  # before any part of looprl imports torch (LOOPRL_FORCE_CPU=avx2)
+runtime.apply_forced_cpu()  # before any part of looprl imports torch (LOOPRL_FORCE_CPU=avx2)

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from looprl import diagnostics
 from looprl.config import Config, ConfigError, load_config
+from looprl.diagnostics import stacks
 
 app = typer.Typer(
     add_completion=False,
@@ -95,8 +95,8 @@ def train(
     from looprl.precision import PrecisionError
 
     _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
-    diagnostics.install_stack_dump()
-    diagnostics.write_pid(cfg.run_dir)
+    stacks.install_stack_dump()
+    stacks.write_pid(cfg.run_dir)
     try:
         summary = asyncio.run(run_training(cfg))
     except (RecoverError, PrecisionError) as e:
@@ -123,7 +123,7 @@ def rollout(
     if split not in ("train", "eval"):
         console.print(f"[red]error:[/red] --split={split!r} must be 'train' or 'eval'")
         raise typer.Exit(2)
-    from looprl.collect import collect
+    from looprl.commands.collect import collect
 
     _setup_logging(cfg.run.log_level)
     result = asyncio.run(collect(cfg, rows=rows, split=split, out=out))
@@ -144,16 +144,16 @@ def serve(
     name: Annotated[str, typer.Option(help="Model name reported by /v1/models.")] = "policy",
 ) -> None:
     """Serve a model over OpenAI-compatible /v1 endpoints (no sessions)."""
-    from looprl.gateway.server import serve as run_server
+    from looprl.commands.serve import serve_model
 
     _setup_logging()
-    run_server(model, host=host, port=port, dtype=dtype, model_name=name)
+    serve_model(model, host=host, port=port, dtype=dtype, model_name=name)
 
 
 @app.command()
 def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
     """Check this machine for the config: each failed check prints its fix."""
-    from looprl.doctor import run_checks
+    from looprl.commands.doctor import run_checks
 
     cfg = _config(config, overrides)
     table = Table("check", "status", "detail", "fix", show_lines=False)
@@ -174,7 +174,7 @@ def debug_stacks(
 ) -> None:
     """Print the stack of every thread of a running looprl process, without stopping it."""
     try:
-        print(diagnostics.dump_stacks(diagnostics.resolve_pid(target)))
+        print(stacks.dump_stacks(stacks.resolve_pid(target)))
     except (ValueError, TimeoutError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
@@ -193,7 +193,7 @@ def debug_workflow(
 ) -> None:
     """Run the workflow against a server: one row, then N concurrent; report what broke."""
     cfg = _config(config, overrides)
-    from looprl.collect import debug_workflow as run_debug
+    from looprl.commands.collect import debug_workflow as run_debug
 
     _setup_logging(cfg.run.log_level)
     report = asyncio.run(
@@ -229,7 +229,7 @@ def debug_consistency(
             f"[red]error:[/red] --engines={engines!r}: name engines among local, vllm, sglang"
         )
         raise typer.Exit(2)
-    from looprl.consistency import check_consistency
+    from looprl.commands.consistency import check_consistency
     from looprl.engines.base import EngineError
 
     _setup_logging(cfg.run.log_level)

@@ -464,9 +464,10 @@ class DiagnosticsConfig(Section):
 
 
 class SchedulerConfig(Section):
-    type: Literal["local", "ray"] = Field(
-        "local",
-        description="local: engine, gateway, controller and trainer in this one process; "
+    type: Literal["single_process", "ray"] = Field(
+        "single_process",
+        description="single_process: engine, gateway, controller and trainer in this one "
+        "process; "
         "ray: engine replicas and trainer ranks as Ray actors (the driver keeps the gateway "
         "and the rollout controller).",
     )
@@ -553,14 +554,18 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _one_process_runs_one_of_each(self) -> Config:
-        sched = self.scheduler
-        if sched.weight_sync == "broadcast" and self.engine.type != "local":
+    def _broadcast_reaches_local_engines_only(self) -> Config:
+        if self.scheduler.weight_sync == "broadcast" and self.engine.type != "local":
             raise ValueError(
                 f"scheduler.weight_sync=broadcast loads weights into local engines; "
                 f"engine.type={self.engine.type} servers load weight folders: use "
                 "scheduler.weight_sync=memory (or auto)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_process_runs_one_of_each(self) -> Config:
+        sched = self.scheduler
         if sched.type == "ray":
             return self
         for field, value in (
@@ -569,8 +574,8 @@ class Config(Section):
         ):
             if value is not None and value > 1:
                 raise ValueError(
-                    f"scheduler.{field}={value} needs scheduler.type=ray: scheduler.type=local "
-                    "runs one engine and one trainer in this process"
+                    f"scheduler.{field}={value} needs scheduler.type=ray: scheduler.type="
+                    "single_process runs one engine and one trainer in this process"
                 )
         if sched.allocation is not None:
             raise ValueError(

@@ -23,17 +23,17 @@ import torch
 
 from looprl import checkpoint as checkpoint_io
 from looprl import precision
-from looprl.collect import workflow_for
+from looprl.commands.collect import workflow_for
 from looprl.config import Config
+from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.metrics import Metrics
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
-from looprl.rollout import RolloutController
+from looprl.rollout.controller import RolloutController
 from looprl.runtime import release_free_memory
-from looprl.scheduling.local import LocalTrainer, launch_local
 from looprl.scheduling.parts import Parts, TrainerHandle
+from looprl.scheduling.single_process import LocalTrainer, launch_local
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch, sample_staleness
-from looprl.watchdog import HangWatchdog, forget_processes
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class TrainSummary:
 
 async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
-    if cfg.scheduler.type == "local":  # Ray actors decide for their own devices
+    if cfg.scheduler.type == "single_process":  # Ray actors decide for their own devices
         precision.choose(cfg)  # a setting this machine cannot run fails here
     run_dir = cfg.run_dir
     checkpoint = resume_point(cfg)  # before anything is written into the run dir

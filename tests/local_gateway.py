@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from looprl.engines.local import LocalEngine
+from looprl.engines.local.engine import LocalEngine
 from looprl.gateway import GatewayServer, SessionStore, create_app
 
 

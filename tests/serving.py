@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from looprl.engines.server_process import free_port
+from looprl.engines.servers.process import free_port
 
 __all__ = ["free_port", "running_server"]
 

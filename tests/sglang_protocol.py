@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from looprl.engines.server_process import free_port
+from looprl.engines.servers.process import free_port
 
 
 class SamplingParamsIn(BaseModel):

@@ -16,9 +16,9 @@ from torch import nn
 
 from looprl.config import Config, EngineConfig
 from looprl.engines.base import Engine, EngineError
-from looprl.engines.local import LocalEngine
-from looprl.engines.sglang import SGLangEngine
-from looprl.engines.vllm import VLLMEngine
+from looprl.engines.local.engine import LocalEngine
+from looprl.engines.servers.sglang import SGLangEngine
+from looprl.engines.servers.vllm import VLLMEngine
 from looprl.precision import engine_precision, layer_shape, probe
 
 

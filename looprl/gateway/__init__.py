@@ -1,7 +1,7 @@
 """The gateway: OpenAI-compatible HTTP endpoints that record every call per session."""
 
 from looprl.gateway.app import APIError, create_app
-from looprl.gateway.server import GatewayServer, SessionHandle, serve
+from looprl.gateway.server import GatewayServer, SessionHandle
 from looprl.gateway.sessions import Session, SessionStore
 
 __all__ = [
@@ -11,5 +11,4 @@ __all__ = [
     "SessionHandle",
     "SessionStore",
     "create_app",
-    "serve",
 ]

@@ -2,8 +2,8 @@
 
 Owns: GatewayServer (uvicorn as a task inside the caller's event loop, so the
 engine, the gateway and the rollout controller share one loop and one process),
-opening sessions as SessionHandles agents can use, and `serve`, the blocking
-sessionless server behind `looprl serve`. Does not own the routes (app.py).
+and opening sessions as SessionHandles agents can use. Does not own the routes
+(app.py) nor what is served (`looprl serve` is commands/serve.py).
 
 Concurrency contract: `start` binds the socket itself (a busy port raises OSError
 here instead of uvicorn exiting the process) and returns once uvicorn accepts
@@ -17,20 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
-from looprl.config import EngineConfig
-from looprl.engines.local import LocalEngine
-from looprl.gateway.app import create_app
 from looprl.gateway.sessions import Session, SessionStore
-from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_tokenizer, model_config
 
 log = logging.getLogger(__name__)
 
@@ -124,47 +118,3 @@ class GatewayServer:
 
     def close_session(self, session_id: str) -> Session:
         return self.store.close(session_id)
-
-
-def serve(
-    model_path: str = DEFAULT_MODEL,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    dtype: str = "auto",
-    model_name: str | None = None,
-) -> None:
-    """Serve a model at `http://host:port/v1` (no sessions, no auth) until Ctrl-C or SIGTERM.
-
-    `model_name` is what /v1/models reports; by default the model folder's name.
-    """
-    asyncio.run(_serve(model_path, host, port, dtype, model_name))
-
-
-async def _serve(model_path: str, host: str, port: int, dtype: str, model_name: str | None) -> None:
-    if model_name is None:
-        model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
-    engine = LocalEngine.from_config(model_path, EngineConfig(dtype=dtype))
-    log.info("Precision: %s", engine.precision.describe())
-    app = create_app(
-        engine,
-        load_tokenizer(model_path),
-        model_name=model_name,
-        store=SessionStore(),
-        sessionless=True,
-        max_model_len=model_config(model_path).max_position_embeddings,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        async with GatewayServer(app, host, port) as server:
-            log.info(
-                "Serving %s at %s/v1 (any model name is accepted); Ctrl-C stops",
-                model_name,
-                server.url,
-            )
-            await stop.wait()
-            log.info("Stopping: letting requests in flight finish")
-    finally:
-        await engine.stop()

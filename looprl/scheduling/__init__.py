@@ -1,1 +1,2 @@
-"""Where looprl's parts run: `local` puts engine, gateway and controller in one process."""
+"""Where looprl's parts run: `single_process.py` puts engine, gateway, controller and
+trainer in this process; `ray.py` runs engine replicas and trainer ranks as Ray actors."""

@@ -22,7 +22,7 @@ from looprl.engines.base import Engine
 from looprl.gateway.app import create_app
 from looprl.gateway.server import GatewayServer
 from looprl.gateway.sessions import SessionStore
-from looprl.rollout import RolloutController
+from looprl.rollout.controller import RolloutController
 from looprl.training.batch import TrainBatch
 from looprl.workflow import Workflow
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Literal
 
-from looprl import forced_cpu
+from looprl import runtime
 from looprl.config import Config, ConfigError
 
 Placement = Literal["collocated", "disaggregated"]
@@ -100,7 +100,7 @@ class Bundle:
     def ray_options(self) -> dict:
         """Keyword arguments for `ActorClass.options(...)` that start it where planned."""
         options = {"num_gpus": self.num_gpus, "resources": {f"node:{self.node_ip}": 0.001}}
-        env = forced_cpu.environment()  # LOOPRL_FORCE_CPU reaches actors on every node
+        env = runtime.forced_cpu_environment()  # LOOPRL_FORCE_CPU reaches actors on every node
         if self.gpu_ids:
             env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpu_ids)

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch.multiprocessing import _prctl_pr_set_pdeathsig
 
 from looprl.config import DiagnosticsConfig
-from looprl.watchdog import HangWatchdog, forget_processes
+from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 
 log = logging.getLogger(__name__)
 

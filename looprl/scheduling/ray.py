@@ -49,10 +49,10 @@ from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
 from looprl.models import load_model, load_tokenizer, model_config
 from looprl.runtime import release_free_memory
-from looprl.scheduling.local import save_policy
 from looprl.scheduling.parts import Parts, serve
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
 from looprl.scheduling.ranks import RankFailed, join_group
+from looprl.scheduling.single_process import save_policy
 from looprl.training.batch import TrainBatch
 from looprl.types import Generation, SamplingParams
 from looprl.workflow import Workflow
@@ -97,8 +97,8 @@ class EngineReplica:
         self.receiver = None
 
     async def start(self) -> dict[str, Any]:
+        from looprl.diagnostics.watchdog import register
         from looprl.engines.launch import start_engine
-        from looprl.watchdog import register
 
         cfg = self.cfg
         run_dir = cfg.run_dir / "engines" / f"replica-{self.index}"
@@ -131,7 +131,7 @@ class EngineReplica:
             await self.engine.stop()
 
     async def join_weight_group(self, host: str, port: int, rank: int, world: int) -> None:
-        from looprl.engines.broadcast import WeightReceiver, weight_sync_group
+        from looprl.scheduling.weight_broadcast import WeightReceiver, weight_sync_group
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         timeout = self.cfg.diagnostics.collective_timeout_s
@@ -176,8 +176,8 @@ class TrainerRank:
         """Join the group, start the hang watchdog, load the policy and build the trainer."""
         from datetime import timedelta
 
+        from looprl.diagnostics.watchdog import HangWatchdog
         from looprl.training.distributed import DataParallelTrainer
-        from looprl.watchdog import HangWatchdog
 
         cfg = self.cfg
         timeout_s = cfg.diagnostics.collective_timeout_s
@@ -221,7 +221,7 @@ class TrainerRank:
         return ref
 
     def join_weight_group(self, host: str, port: int, world: int) -> None:
-        from looprl.engines.broadcast import WeightSender, weight_sync_group
+        from looprl.scheduling.weight_broadcast import WeightSender, weight_sync_group
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         timeout = self.cfg.diagnostics.collective_timeout_s
@@ -229,7 +229,7 @@ class TrainerRank:
         self.sender = WeightSender(group, self.cfg.scheduler.bucket_mb << 20)
 
     def weight_group_address(self) -> tuple[str, int]:
-        from looprl.engines.server_process import free_port
+        from looprl.engines.servers.process import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from looprl.config import TrainConfig
-from looprl.diagnostics import oom_phase
+from looprl.diagnostics.oom import oom_phase
 from looprl.precision import decide_train, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
 from looprl.training import shared_prefix

@@ -12,11 +12,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from looprl.config import load_config
+from looprl.diagnostics.watchdog import registered
 from looprl.loop import train
 from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray import launch_ray
 from looprl.training.batch import build_batch
-from looprl.watchdog import registered
 from tests.e2e.test_learning import learned_steps, toy_job
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from looprl.agent_process import AgentProcess
-from looprl.collect import workflow_for
+from looprl.commands.collect import workflow_for
 from looprl.config import ConfigError, load_config
-from looprl.scheduling.local import launch_local
+from looprl.scheduling.single_process import launch_local
 from looprl.tasks import load_task
 from tests.tool_model import greedy_config
 

@@ -16,7 +16,7 @@ from examples.calculator.agent_langchain import CalculatorLangChainAgent
 from examples.calculator.agent_openai import CalculatorAgent
 from examples.calculator.agent_sdk import CalculatorSDKAgent
 from looprl.models import load_tokenizer
-from looprl.scheduling.local import launch_local
+from looprl.scheduling.single_process import launch_local
 from tests.tool_model import ANSWER, CALL, greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from looprl.models import load_model
-from looprl.scheduling.local import launch_local
+from looprl.scheduling.single_process import launch_local
 from tests.integration.test_rollout import QUESTION, Counting, _client, _config, _groups, _rows
 
 
@@ -89,7 +89,7 @@ async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
     async with launch_local(cfg, Counting()) as parts:
         controller = parts.controller
         await controller.prepare_batch(rows)
-        with caplog.at_level(logging.WARNING, logger="looprl.rollout"):
+        with caplog.at_level(logging.WARNING, logger="looprl.rollout.controller"):
             for _ in range(2):  # synchronous RL: nothing more starts at version 0
                 with pytest.raises(TimeoutError):
                     await asyncio.wait_for(controller.prepare_batch(rows), 1.0)
@@ -113,7 +113,10 @@ async def test_a_batch_too_big_for_one_version_is_explained_and_loses_nothing(
     async with launch_local(cfg, Counting()) as parts:
         controller = parts.controller
         # Synchronous RL admits 2 groups per version: a batch of 3 can never fill.
-        with caplog.at_level(logging.WARNING, logger="looprl.rollout"), pytest.raises(TimeoutError):
+        with (
+            caplog.at_level(logging.WARNING, logger="looprl.rollout.controller"),
+            pytest.raises(TimeoutError),
+        ):
             await asyncio.wait_for(controller.prepare_batch(rows, batch_size=3), 3.0)
         # The two groups that did finish were not lost with the cancelled call.
         batch = await asyncio.wait_for(controller.prepare_batch(rows), 1.0)

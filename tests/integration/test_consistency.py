@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from looprl.commands.consistency import check_consistency
 from looprl.config import load_config
-from looprl.consistency import check_consistency
 from looprl.models import load_tokenizer
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test

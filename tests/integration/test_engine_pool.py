@@ -17,9 +17,9 @@ from openai import AsyncOpenAI
 from looprl.config import EngineConfig, SamplingConfig
 from looprl.engines import pool as pool_module
 from looprl.engines.base import EngineError, EngineUnavailable
-from looprl.engines.local import LocalEngine
+from looprl.engines.local.engine import LocalEngine
 from looprl.engines.pool import EnginePool
-from looprl.engines.sglang import SGLangEngine
+from looprl.engines.servers.sglang import SGLangEngine
 from looprl.gateway import GatewayServer, SessionStore, create_app
 from looprl.models import load_model, load_tokenizer
 from looprl.types import SamplingParams

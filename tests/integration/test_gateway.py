@@ -20,7 +20,7 @@ from openai import AsyncOpenAI, OpenAI
 from looprl.config import SamplingConfig
 from looprl.gateway import GatewayServer, SessionHandle
 from looprl.models import load_model, load_tokenizer
-from looprl.trajectory import build_trajectories
+from looprl.rollout.trajectory import build_trajectories
 from tests.local_gateway import local_gateway
 from tests.serving import free_port, running_server
 
@@ -465,7 +465,10 @@ async def test_a_call_stops_when_its_session_closes_or_its_client_leaves(server)
 
 def test_serve_runs_sessionless_until_sigint(tiny_model_dir):
     port = free_port()
-    code = f"from looprl.gateway import serve; serve({str(tiny_model_dir)!r}, port={port})"
+    code = (
+        "from looprl.commands.serve import serve_model; "
+        f"serve_model({str(tiny_model_dir)!r}, port={port})"
+    )
     with running_server([sys.executable, "-c", code], port) as health:
         assert health["model"] == tiny_model_dir.name
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)

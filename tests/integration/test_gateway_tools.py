@@ -17,7 +17,7 @@ from openai import AsyncOpenAI, BadRequestError
 from examples.calculator.tools import TOOLS
 from looprl.config import SamplingConfig
 from looprl.models import load_model, load_tokenizer
-from looprl.trajectory import build_trajectories
+from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction
 from tests.local_gateway import local_gateway
 from tests.tool_model import ANSWER, CALL

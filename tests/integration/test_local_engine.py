@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.engines.base import EngineError, EngineUnavailable
-from looprl.engines.local import LocalEngine
+from looprl.engines.local.engine import LocalEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.precision import layer_shape, probe
 from looprl.types import Generation, SamplingParams

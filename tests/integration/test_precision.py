@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from looprl import forced_cpu
+from looprl import runtime
 from looprl.precision import cpu, probe
 
 LOOPRL = str(Path(sys.executable).with_name("looprl"))
-AVX2_VARIABLES = forced_cpu.SETTINGS["avx2"]
+AVX2_VARIABLES = runtime.FORCED_CPU_SETTINGS["avx2"]
 PROBE_SCRIPT = """
 import json, looprl
 from looprl.precision import decide_engine, decide_train, probe
@@ -40,7 +40,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def unforced_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (*AVX2_VARIABLES, forced_cpu.VARIABLE)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (*AVX2_VARIABLES, runtime.FORCE_CPU_VARIABLE)
+    }
     return env | extra
 
 
@@ -53,7 +57,7 @@ def run_probe(env: dict[str, str]) -> dict:
 
 @pytest.mark.parametrize(
     "env",
-    [{forced_cpu.VARIABLE: "avx2"}, AVX2_VARIABLES],
+    [{runtime.FORCE_CPU_VARIABLE: "avx2"}, AVX2_VARIABLES],
     ids=["LOOPRL_FORCE_CPU", "the-three-variables"],
 )
 def test_on_a_forced_avx2_cpu_the_probe_finds_no_bf16_by_itself(env):
@@ -99,7 +103,7 @@ def test_an_impossible_setting_fails_before_anything_starts(tiny_model_dir, tmp_
             "engine.weight_layout=packed",
             f"run.fileroot={tmp_path}",
         ],
-        env=unforced_env(**{forced_cpu.VARIABLE: "avx2"}),
+        env=unforced_env(**{runtime.FORCE_CPU_VARIABLE: "avx2"}),
         capture_output=True,
         text=True,
         timeout=120,
@@ -117,7 +121,7 @@ def test_an_impossible_setting_fails_before_anything_starts(tiny_model_dir, tmp_
 def test_an_unknown_forced_cpu_is_refused_by_name():
     run = subprocess.run(
         [sys.executable, "-c", "import looprl"],
-        env=unforced_env(**{forced_cpu.VARIABLE: "avx3"}),
+        env=unforced_env(**{runtime.FORCE_CPU_VARIABLE: "avx3"}),
         capture_output=True,
         text=True,
     )
@@ -130,7 +134,7 @@ def test_forcing_after_torch_ran_wider_kernels_is_refused():
     says so instead of silently testing the wrong path."""
     script = (
         "import os, torch; torch.ones(4) + 1; "
-        f"os.environ['{forced_cpu.VARIABLE}'] = 'avx2'; import looprl"
+        f"os.environ['{runtime.FORCE_CPU_VARIABLE}'] = 'avx2'; import looprl"
     )
     here = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from looprl.config import DiagnosticsConfig
+from looprl.diagnostics.watchdog import registered
 from looprl.scheduling.ranks import Rank, RankFailed, launch_ranks
-from looprl.watchdog import registered
 
 HANG_TIMEOUT_S = 3.0
 DIAGNOSTICS = DiagnosticsConfig(hang_timeout_s=HANG_TIMEOUT_S, collective_timeout_s=60)

@@ -25,8 +25,8 @@ from openai import AsyncOpenAI
 from looprl.config import Config, load_config
 from looprl.gateway.sessions import Session, SessionStore
 from looprl.models import load_model, load_tokenizer
-from looprl.rollout import RolloutResult
-from looprl.scheduling.local import launch_local
+from looprl.rollout.controller import RolloutResult
+from looprl.scheduling.single_process import launch_local
 from looprl.types import Interaction, Trajectory
 
 QUESTION = [{"role": "user", "content": "Is it five?"}]
@@ -108,7 +108,7 @@ async def test_bad_workflows_are_counted_by_outcome_and_none_is_fatal(tiny_model
     kinds = ["good", "raises", "hangs", "none", "good", "nan", "string", "no_call"]
     kinds += ["hangs_in_call", "raises", "good"]
     cfg = _config(tiny_model_dir, "rollout.timeout_s=1")
-    caplog.set_level(logging.WARNING, logger="looprl.rollout")
+    caplog.set_level(logging.WARNING, logger="looprl.rollout.controller")
     async with launch_local(cfg, Misbehaving()) as parts:
         start = time.monotonic()
         result = await parts.controller.rollout_batch([{"kind": k} for k in kinds])

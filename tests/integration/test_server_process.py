@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from looprl.engines.server_process import ServerError, ServerProcess, free_port
+from looprl.engines.servers.process import ServerError, ServerProcess, free_port
 
 
 def test_a_server_that_answers_is_started_and_its_whole_group_stopped(tmp_path):

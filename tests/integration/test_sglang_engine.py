@@ -19,7 +19,7 @@ import torch
 from looprl.config import Config, EngineConfig, load_config
 from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
-from looprl.engines.sglang import SGLangEngine, sglang_command
+from looprl.engines.servers.sglang import SGLangEngine, sglang_command
 from looprl.models import load_model, load_tokenizer
 from looprl.types import SamplingParams
 from tests.sglang_protocol import sglang_protocol_server

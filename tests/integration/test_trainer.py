@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from looprl.config import TrainConfig
-from looprl.diagnostics import PhaseOutOfMemory
+from looprl.diagnostics.oom import PhaseOutOfMemory
 from looprl.models import load_model
 from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.trainer import Trainer, lr_factor

@@ -23,13 +23,13 @@ import pytest
 import pytest_asyncio
 import torch
 
+from looprl.commands.consistency import measure, task_prompts
 from looprl.config import EngineConfig, load_config
-from looprl.consistency import measure, task_prompts
 from looprl.engines.base import EngineError
 from looprl.engines.launch import start_engine
-from looprl.engines.server_process import ServerError
-from looprl.engines.vllm import VLLMEngine
-from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.servers.process import ServerError
+from looprl.engines.servers.vllm import VLLMEngine
+from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
 from looprl.loop import train
 from looprl.models import load_model, load_tokenizer
 from looprl.training.trainer import Trainer

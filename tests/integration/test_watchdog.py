@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from looprl.config import DiagnosticsConfig
-from looprl.watchdog import HangWatchdog, registered
+from looprl.diagnostics.watchdog import HangWatchdog, registered
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
@@ -45,7 +45,7 @@ def test_a_stall_is_reported_once_and_a_beat_rearms_the_watchdog(tmp_path):
         "No process waits in a collective: driver is outside any collective, at "
         f"{__file__}:{_line_of('STALLS')} in _wait_for_reports." in report
     )
-    assert "looprl/watchdog.py" in report  # every thread is there, the watchdog's too
+    assert "looprl/diagnostics/watchdog.py" in report  # every thread is there, the watchdog's too
     assert registered(tmp_path)[0].pid == os.getpid()
 
 

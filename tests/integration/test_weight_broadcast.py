@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.engines.broadcast import (
+from looprl.engines.servers.process import free_port
+from looprl.models import load_tokenizer
+from looprl.scheduling.weight_broadcast import (
     WeightReceiver,
     WeightSender,
     WeightSyncError,
@@ -29,8 +31,6 @@ from looprl.engines.broadcast import (
     plan_buckets,
     weight_sync_group,
 )
-from looprl.engines.server_process import free_port
-from looprl.models import load_tokenizer
 from tests.conftest import tiny_llama_config
 
 HOST = "127.0.0.1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looprl.engines.broadcast import Bucket, plan_buckets
+from looprl.scheduling.weight_broadcast import Bucket, plan_buckets
 
 F32, BF16 = torch.float32, torch.bfloat16
 

@@ -5,8 +5,8 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from looprl import doctor
 from looprl.cli import app
+from looprl.commands import doctor
 from looprl.config import load_config
 
 

@@ -21,7 +21,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from looprl.engines.fused import FusedDecoder, SlotCache, unsupported_reason
+from looprl.engines.local.fused import FusedDecoder, SlotCache, unsupported_reason
 from looprl.precision import probe
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test

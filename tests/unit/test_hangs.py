@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from looprl.hangs import Frame, Place, classify_hang, locate, parse_threads, short_path
+from looprl.diagnostics.hangs import Frame, Place, classify_hang, locate, parse_threads, short_path
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -53,8 +53,8 @@ def in_collective(name: str, line: int, *, via: str | None = None) -> str:
 SLEEPING = thread((TRAIN, 21, "step"), (TRAIN, 40, "main"))
 CLEANUP = thread((C10D, 2200, "destroy_process_group"), (TRAIN, 55, "main"))
 WATCHDOG = thread(
-    (f"{SITE}/looprl/diagnostics.py", 77, "signal_stacks"),
-    (f"{SITE}/looprl/watchdog.py", 120, "_watch"),
+    (f"{SITE}/looprl/diagnostics/stacks.py", 77, "signal_stacks"),
+    (f"{SITE}/looprl/diagnostics/watchdog.py", 120, "_watch"),
     (f"{STDLIB}/threading.py", 982, "run"),
     current=True,
 )

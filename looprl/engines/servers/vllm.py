@@ -35,11 +35,11 @@ from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.reloadable_server import ReloadableServer, ServerCalls, ServerEngine
-from looprl.engines.server_client import ServerClient
-from looprl.engines.server_process import ServerError
-from looprl.engines.vllm_server import VLLMServer, ensure_vllm_venv
-from looprl.engines.weight_folder import WeightFolder
+from looprl.engines.servers.client import ServerClient
+from looprl.engines.servers.process import ServerError
+from looprl.engines.servers.reloadable import ReloadableServer, ServerCalls, ServerEngine
+from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.servers.weight_folder import WeightFolder
 from looprl.types import FinishReason, Generation, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from looprl.engines.base import EngineError
-from looprl.engines.request_gate import RequestGate
-from looprl.engines.server_client import ServerClient
-from looprl.engines.server_process import ServerError, ServerProcess
-from looprl.engines.weight_folder import WeightFolder
+from looprl.engines.servers.client import ServerClient
+from looprl.engines.servers.process import ServerError, ServerProcess
+from looprl.engines.servers.request_gate import RequestGate
+from looprl.engines.servers.weight_folder import WeightFolder
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 
 from looprl.agent_process import AgentProcess
 from looprl.config import Config
-from looprl.rollout import RolloutResult, check_reward
-from looprl.scheduling.local import launch_local
+from looprl.rollout.controller import RolloutResult, check_reward
+from looprl.scheduling.single_process import launch_local
 from looprl.tasks import load_task
 from looprl.workflow import resolve_workflow
 

@@ -48,10 +48,10 @@ import torch
 from transformers import PreTrainedModel
 
 from looprl.config import EngineConfig
-from looprl.diagnostics import oom_phase
+from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import EngineError, EngineUnavailable
-from looprl.engines.fused import unsupported_reason
-from looprl.engines.runners import FusedRunner, HFRunner
+from looprl.engines.local.fused import unsupported_reason
+from looprl.engines.local.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
 from looprl.precision import PrecisionError, decide_engine, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc

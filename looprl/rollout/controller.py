@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from looprl.config import RolloutConfig
-from looprl.staleness import StalenessManager
-from looprl.trajectory import build_trajectories
+from looprl.rollout.staleness import StalenessManager
+from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction, Trajectory
 from looprl.workflow import Workflow, resolve_workflow
 

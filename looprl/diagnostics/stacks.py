@@ -5,9 +5,7 @@ append every Python thread's stack to `stack_file(pid)`, via `faulthandler`, wit
 stopping it), `write_pid()` (the driver's pid in its run dir, so a run dir names its
 process), and `dump_stacks()` behind `looprl debug stacks PID|RUN_DIR` (py-spy when it
 is installed, which also sees native frames, else the signal: `signal_stacks()`, whose
-faulthandler format the hang watchdog parses), and `oom_phase()`: an
-out-of-memory error re-raised with the phase it happened in (engine load, generation,
-logprob recomputation, training) and the settings that lower memory there.
+faulthandler format the hang watchdog parses).
 """
 
 from __future__ import annotations
@@ -19,11 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 PID_FILE = "driver.pid"
 
@@ -87,48 +81,3 @@ def signal_stacks(pid: int, timeout_s: float = 5.0) -> str:
         f"process {pid} wrote no stacks to {path} within {timeout_s} s: it is not a looprl "
         "process, or it is stuck outside Python (install py-spy to see native frames)"
     )
-
-
-# ---- out of memory, by phase -------------------------------------------------------
-
-OOM_ADVICE = {
-    "engine load": "load the model in bfloat16 (engine.dtype=bfloat16) or use a smaller model",
-    "generation": "lower engine.max_tokens_per_batch (the KV budget), engine.max_batch_size "
-    "or rollout.max_concurrent_rollouts",
-    "logprob recomputation": "lower train.max_tokens_per_mb (tokens per forward pass)",
-    "training": "lower train.max_tokens_per_mb (tokens per micro-batch; gradients add up "
-    "the same), set train.compute_dtype=bfloat16 where the device has bf16, or split the "
-    "data-parallel work over more ranks",
-}
-
-
-class PhaseOutOfMemory(RuntimeError):
-    """Out of memory, with the phase it happened in and the settings that reduce it."""
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-    )
-
-
-@contextmanager
-def oom_phase(
-    phase: str, settings: Callable[[], dict[str, object]] | None = None
-) -> Iterator[None]:
-    """Re-raise an out-of-memory error inside the block as PhaseOutOfMemory naming
-    `phase`, the current settings (`settings()`, called only then: the engine enters
-    this on every decode step) and what lowers memory there."""
-    try:
-        yield
-    except Exception as e:
-        if not is_out_of_memory(e) or isinstance(e, PhaseOutOfMemory):
-            raise
-        now = ", ".join(f"{k}={v}" for k, v in (settings() if settings else {}).items())
-        raise PhaseOutOfMemory(
-            f"Out of memory during {phase}" + (f" ({now})" if now else "") + f": {e}\n"
-            f"To use less memory in {phase}: {OOM_ADVICE[phase]}."
-        ) from e

@@ -27,10 +27,10 @@ from looprl.config import Config, EngineConfig
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
 from looprl.models import load_model, load_tokenizer
+from looprl.rollout.trajectory import build_trajectories
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch
 from looprl.training.trainer import Trainer
-from looprl.trajectory import build_trajectories
 from looprl.types import Generation, Interaction, SamplingParams, Trajectory
 
 

@@ -58,7 +58,7 @@ COLLECTIVES = frozenset(
 )
 CLEANUP = frozenset({"destroy_process_group"})
 C10D_FILE = "torch/distributed/distributed_c10d.py"
-WATCHDOG_FRAME = ("looprl/watchdog.py", "_watch")  # the watchdog's own thread, never the hang
+WATCHDOG_FRAME = ("looprl/diagnostics/watchdog.py", "_watch")  # its own thread: never the hang
 
 Pattern = Literal[
     "exited_or_cleanup",

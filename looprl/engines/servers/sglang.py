@@ -41,10 +41,10 @@ from torch import nn
 
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
-from looprl.engines.reloadable_server import ReloadableServer, ServerCalls, ServerEngine
-from looprl.engines.server_client import ServerClient
-from looprl.engines.server_process import ServerProcess, free_port
-from looprl.engines.weight_folder import WeightFolder
+from looprl.engines.servers.client import ServerClient
+from looprl.engines.servers.process import ServerProcess, free_port
+from looprl.engines.servers.reloadable import ReloadableServer, ServerCalls, ServerEngine
+from looprl.engines.servers.weight_folder import WeightFolder
 from looprl.types import FinishReason, Generation, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from looprl import forced_cpu, precision
+from looprl import precision, runtime
 from looprl.config import Config
 from looprl.models import model_config
 
@@ -76,9 +76,9 @@ def check_torch() -> Check:
 def check_cpu() -> Check:
     found = precision.cpu()
     detail = f"{found.describe()}; torch runs {torch.backends.cpu.get_cpu_capability()} kernels"
-    forced = forced_cpu.requested()
+    forced = runtime.forced_cpu()
     if forced:
-        detail += f" ({forced_cpu.VARIABLE}={forced})"
+        detail += f" ({runtime.FORCE_CPU_VARIABLE}={forced})"
     return Check("CPU", "ok", detail)
 
 
@@ -131,7 +131,8 @@ def check_gpus() -> Check:
         return Check(
             "GPUs",
             "warn",
-            f"{count} GPUs visible; the local scheduler uses one (devices 1..{count - 1} idle)",
+            f"{count} GPUs visible; scheduler.type=single_process uses one (devices "
+            f"1..{count - 1} idle)",
             "run engine replicas and trainer ranks on all of them with the Ray scheduler, or "
             "set CUDA_VISIBLE_DEVICES to the ones this run should use",
         )

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from looprl.config import Config
-from looprl.diagnostics import oom_phase
+from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
 from looprl.models import load_model, load_tokenizer

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from looprl.engines.fused import FusedDecoder, PrefixStore, SlotCache, common_prefix_length
+from looprl.engines.local.fused import FusedDecoder, PrefixStore, SlotCache, common_prefix_length
 
 
 class FusedRunner:

@@ -1,0 +1,66 @@
+"""`looprl serve`: one model on plain OpenAI-compatible endpoints, for any agent or tool.
+
+The local engine behind a sessionless gateway (`/v1/chat/completions`,
+`/v1/completions`, `/v1/models`; no sessions, no key), until Ctrl-C or SIGTERM, after
+which requests in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from looprl.config import EngineConfig
+from looprl.engines.local import LocalEngine
+from looprl.gateway import GatewayServer, SessionStore, create_app
+from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_tokenizer, model_config
+
+log = logging.getLogger(__name__)
+
+
+def serve_model(
+    model_path: str = DEFAULT_MODEL,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    dtype: str = "auto",
+    model_name: str | None = None,
+) -> None:
+    """Serve a model at `http://host:port/v1` (no sessions, no auth) until Ctrl-C or SIGTERM.
+
+    `model_name` is what /v1/models reports; by default the model folder's name.
+    """
+    asyncio.run(_serve_model(model_path, host, port, dtype, model_name))
+
+
+async def _serve_model(
+    model_path: str, host: str, port: int, dtype: str, model_name: str | None
+) -> None:
+    if model_name is None:
+        model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
+    engine = LocalEngine.from_config(model_path, EngineConfig(dtype=dtype))
+    log.info("Precision: %s", engine.precision.describe())
+    app = create_app(
+        engine,
+        load_tokenizer(model_path),
+        model_name=model_name,
+        store=SessionStore(),
+        sessionless=True,
+        max_model_len=model_config(model_path).max_position_embeddings,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with GatewayServer(app, host, port) as server:
+            log.info(
+                "Serving %s at %s/v1 (any model name is accepted); Ctrl-C stops",
+                model_name,
+                server.url,
+            )
+            await stop.wait()
+            log.info("Stopping: letting requests in flight finish")
+    finally:
+        await engine.stop()
