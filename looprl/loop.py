@@ -23,7 +23,6 @@ import torch
 
 from looprl import checkpoint as checkpoint_io
 from looprl import precision
-from looprl.commands.collect import workflow_for
 from looprl.config import Config
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.metrics import Metrics
@@ -31,9 +30,10 @@ from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 from looprl.rollout.controller import RolloutController
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, TrainerHandle
-from looprl.scheduling.single_process import LocalTrainer, launch_local
+from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.training.batch import build_batch, sample_staleness
+from looprl.training.batch import build_batch
+from looprl.workflow import configured_workflow
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     )
     rows = DataStream(task.train, cfg.run.seed)
     first_step = 1 if checkpoint is None else checkpoint.step + 1
-    async with launch(cfg, workflow_for(cfg, task)) as parts:
+    async with start_parts(cfg, configured_workflow(cfg, task)) as parts:
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
         trainer = parts.trainer
         with (
@@ -95,18 +95,17 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 before = await evaluate(controller, task.eval, cfg, metrics, step=0)
             else:
                 await trainer.load_state_dict(checkpoint.trainer)
-                await trainer.push_weights(engine)
+                await trainer.push_weights()
                 before = restore(checkpoint, controller, rows, metrics)
             saver = Saver(cfg, trainer, controller, rows, metrics, last_step=first_step - 1)
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
-                rollout = await controller.prepare_batch(rows)
+                rollout = await controller.prepare_batch(rows, first_position=rows.position)
                 watchdog.beat()
                 batch, batch_stats = build_batch(
                     rollout.trajectories, cfg.train.algorithm, tokenizer.pad_token_id
                 )
-                staleness = sample_staleness(batch, trainer.version).float()  # (N,)
                 metrics.status("training")
                 train_stats = await train_step(trainer, batch, engine)
                 controller.notify_version()
@@ -118,8 +117,6 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                         **batch_stats,
                         **train_stats,
                         "response_length": batch_stats["num_sampled_tokens"] / len(batch.rewards),
-                        "staleness_mean": float(staleness.mean()),
-                        "staleness_max": float(staleness.max()),
                         "step_time_s": time.monotonic() - step_start,
                     },
                 )
@@ -332,7 +329,7 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
     try:
         stats = await trainer.train_step(batch)
         start = time.perf_counter()
-        await trainer.push_weights(engine)
+        await trainer.push_weights()
         stats["weight_sync_s"] = time.perf_counter() - start
     finally:
         await engine.resume()
@@ -340,17 +337,16 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
 
 
 @asynccontextmanager
-async def launch(cfg: Config, workflow) -> AsyncIterator[Parts]:
+async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
     """The parts of a training run under `scheduler.type`: everything in this process
-    (local), or engine replicas and trainer ranks as Ray actors (ray)."""
+    (single_process), or engine replicas and trainer ranks as Ray actors (ray)."""
     if cfg.scheduler.type == "ray":
-        from looprl.scheduling.ray import launch_ray  # imports ray, only when asked for
+        from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked for
 
-        async with launch_ray(cfg, workflow) as parts:
+        async with start_ray_actors(cfg, workflow) as parts:
             yield parts
         return
-    trainer = LocalTrainer.for_config(cfg)
-    async with launch_local(cfg, workflow, trainer=trainer) as parts:
+    async with start_single_process(cfg, workflow, train=True) as parts:
         yield parts
 
 

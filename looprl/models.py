@@ -142,3 +142,9 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) ->
 
 def model_config(path: str | Path):
     return AutoConfig.from_pretrained(resolve_model_path(str(path)))
+
+
+def context_length(path: str | Path) -> int:
+    """The most tokens (prompt + output) the model at `path` takes: its config's
+    `max_position_embeddings`."""
+    return model_config(path).get_text_config().max_position_embeddings

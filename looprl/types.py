@@ -74,6 +74,15 @@ class Generation:
             )
 
 
+@dataclass(frozen=True)
+class SessionHandle:
+    """What an agent needs to talk to one gateway session: an OpenAI base_url and key."""
+
+    id: str
+    base_url: str
+    api_key: str
+
+
 @dataclass
 class Interaction:
     """One model call recorded on a gateway session (one choice of one request)."""

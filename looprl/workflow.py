@@ -20,6 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from openai import AsyncOpenAI
 
+from looprl.agent_process import AgentProcess
+from looprl.config import Config
+
 RewardFn = Callable[..., float]
 WorkflowResult = float | dict[str, float] | None
 
@@ -118,10 +121,31 @@ class RLVRWorkflow:
                 f"(fields: {sorted(data)}); set task.prompt_field"
             )
         prompt = str(data[self.prompt_field])
-        messages = [{"role": "user", "content": prompt}]
-        if self.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        messages = chat_messages(prompt, self.system_prompt)
         async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             response = await client.chat.completions.create(model=model, messages=messages)
         completion = response.choices[0].message.content or ""
         return float(self.reward_fn(prompt, completion, **data))
+
+
+def chat_messages(prompt: str, system_prompt: str | None) -> list[dict[str, str]]:
+    """The chat RLVRWorkflow sends: the prompt as the user's turn, after the system
+    prompt when there is one (else the chat template's default applies)."""
+    messages = [{"role": "user", "content": prompt}]
+    if system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def configured_workflow(cfg: Config, task) -> Workflow:
+    """The workflow `cfg.workflow` names: a program per rollout (subprocess mode), or
+    the object at workflow.path; the built-in RLVRWorkflow gets `task`'s reward, prompt
+    field and system prompt unless workflow.kwargs set them."""
+    kwargs = dict(cfg.workflow.kwargs)
+    if cfg.workflow.mode == "subprocess":
+        return AgentProcess(cfg.workflow.command, **kwargs)
+    if cfg.workflow.path == "looprl.workflow:RLVRWorkflow":
+        kwargs.setdefault("reward_fn", task.reward_fn)
+        kwargs.setdefault("prompt_field", task.prompt_field)
+        kwargs.setdefault("system_prompt", task.system_prompt)
+    return resolve_workflow(cfg.workflow.path, kwargs)

@@ -12,38 +12,24 @@ import asyncio
 import json
 import logging
 import statistics
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from looprl.agent_process import AgentProcess
 from looprl.config import Config
-from looprl.rollout.controller import RolloutResult, check_reward
-from looprl.scheduling.single_process import launch_local
+from looprl.rollout.outcome import RolloutResult, check_reward, run_workflow
+from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.workflow import resolve_workflow
+from looprl.workflow import configured_workflow
 
 log = logging.getLogger(__name__)
-
-
-def workflow_for(cfg: Config, task) -> Any:
-    """The configured workflow; the built-in RLVR workflow gets the task's reward."""
-    kwargs = dict(cfg.workflow.kwargs)
-    if cfg.workflow.mode == "subprocess":
-        return AgentProcess(cfg.workflow.command, **kwargs)
-    if cfg.workflow.path == "looprl.workflow:RLVRWorkflow":
-        kwargs.setdefault("reward_fn", task.reward_fn)
-        kwargs.setdefault("prompt_field", task.prompt_field)
-        kwargs.setdefault("system_prompt", task.system_prompt)
-    return resolve_workflow(cfg.workflow.path, kwargs)
 
 
 async def collect(cfg: Config, *, rows: int, split: str, out: Path) -> RolloutResult:
     task = load_task(cfg.task)
     data = (task.train if split == "train" else task.eval)[:rows]
-    workflow = workflow_for(cfg, task)
-    async with launch_local(cfg, workflow) as parts:
+    workflow = configured_workflow(cfg, task)
+    async with start_single_process(cfg, workflow) as parts:
         total = len(data) * cfg.rollout.group_size
         done = Counter()
 
@@ -70,29 +56,29 @@ async def debug_workflow(
     cfg: Config, *, base_url: str, api_key: str, model: str, concurrency: int
 ) -> dict[str, Any]:
     task = load_task(cfg.task)
-    workflow = workflow_for(cfg, task)
+    workflow = configured_workflow(cfg, task)
     rows = (task.train * (concurrency // max(len(task.train), 1) + 1))[: concurrency + 1]
 
     async def one(row: dict) -> tuple[float, float | None, str | None]:
         """(latency, reward, error type); a reward training would reject is an error."""
-        start = time.monotonic()
-        try:
-            result = await asyncio.wait_for(
-                workflow.run(row, base_url=base_url, api_key=api_key, model=model),
-                timeout=cfg.rollout.timeout_s,
-            )
-        except TimeoutError:
-            return time.monotonic() - start, None, "TimeoutError"
-        except Exception as e:
-            log.warning("Workflow raised %s: %s", type(e).__name__, e)
-            return time.monotonic() - start, None, type(e).__name__
-        reward, error = check_reward(result)
+        run = await run_workflow(
+            workflow,
+            row,
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            timeout_s=cfg.rollout.timeout_s,
+        )
+        if run.status != "completed":
+            log.warning("Workflow ended with %s", run.error)
+            return run.elapsed_s, None, run.error.split(":", 1)[0]
+        reward, error = check_reward(run.value)
         if error:
             log.warning("Workflow result is unusable for training: %s", error)
-            return time.monotonic() - start, None, error.split(":", 1)[0]
+            return run.elapsed_s, None, error.split(":", 1)[0]
         if isinstance(reward, dict):
             reward = statistics.fmean(reward.values())
-        return time.monotonic() - start, reward, None
+        return run.elapsed_s, reward, None
 
     log.info("One rollout first, against %s", base_url)
     first = await one(rows[0])

@@ -28,10 +28,12 @@ from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
+from looprl.scheduling.parts import build_trainer
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch
 from looprl.training.trainer import Trainer
 from looprl.types import Generation, Interaction, SamplingParams, Trajectory
+from looprl.workflow import chat_messages
 
 
 @dataclass
@@ -137,8 +139,8 @@ async def check_consistency(
     torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path, cfg.model.dtype)
-    train_cfg = cfg.train.model_copy(update={"kl_coef": 0.0})  # no reference model needed
-    trainer = Trainer(policy, train_cfg, temperature=cfg.sampling.temperature or 1.0)
+    no_kl = cfg.train.model_copy(update={"kl_coef": 0.0})  # no reference model needed
+    trainer = build_trainer(cfg.model_copy(update={"train": no_kl}), policy)
     prompts = task_prompts(cfg, tokenizer, samples)
     sampling = SamplingParams(
         max_new_tokens=cfg.sampling.max_new_tokens,
@@ -171,9 +173,7 @@ def task_prompts(cfg: Config, tokenizer, samples: int) -> list[list[int]]:
     task = load_task(cfg.task)
     prompts = []
     for row in task.train[:samples]:
-        messages = [{"role": "user", "content": str(row[task.prompt_field])}]
-        if task.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        messages = chat_messages(str(row[task.prompt_field]), task.system_prompt)
         prompts.append(
             tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
         )

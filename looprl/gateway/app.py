@@ -311,6 +311,7 @@ def create_app(
     sessionless: bool = False,
     default_sampling: SamplingConfig | None = None,
     max_model_len: int | None = None,
+    engine_health: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """The gateway app; `store` is also reachable as `app.state.store`.
 
@@ -318,6 +319,7 @@ def create_app(
     defaults when None). `max_model_len` (prompt + output tokens) turns too-long
     prompts into a 400 naming the field; without it the engine decides. `sessionless`
     adds `/v1/...` routes that need no key and record nothing (`looprl serve`).
+    `engine_health`, when given, reports the engine in /health (a pool: its replicas).
     """
     defaults = (default_sampling or SamplingConfig()).model_dump()
     gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len)
@@ -367,9 +369,8 @@ def create_app(
             "open_sessions": len(store),
             "tool_call_errors": gateway.tool_call_errors,
         }
-        engine_stats = getattr(engine, "stats", None)  # an EnginePool: its replicas' health
-        if engine_stats is not None:
-            report["engine"] = engine_stats()
+        if engine_health is not None:
+            report["engine"] = engine_health()
         return report
 
     return app

@@ -18,26 +18,17 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from looprl.gateway.sessions import Session, SessionStore
+from looprl.types import SessionHandle
 
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 5
-
-
-@dataclass(frozen=True)
-class SessionHandle:
-    """What an agent needs to talk to one session: an OpenAI base_url and api_key."""
-
-    id: str
-    base_url: str
-    api_key: str
 
 
 class _EmbeddedServer(uvicorn.Server):

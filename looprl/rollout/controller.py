@@ -36,32 +36,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from looprl.config import RolloutConfig
+from looprl.rollout.outcome import RolloutOutcome, RolloutResult, check_reward, run_workflow
 from looprl.rollout.staleness import StalenessManager
 from looprl.rollout.trajectory import build_trajectories
-from looprl.types import Interaction, Trajectory
+from looprl.types import Interaction, SessionHandle
 from looprl.workflow import Workflow, resolve_workflow
 
 log = logging.getLogger(__name__)
 
-Status = Literal["completed", "rejected", "failed", "timed_out"]
-
-
-class SessionHandle(Protocol):
-    id: str
-    base_url: str
-    api_key: str
-
 
 class RecordedSession(Protocol):
+    """What a closed session recorded: its calls, a posted reward, unparseable calls."""
+
     interactions: list[Interaction]
     reward: float | dict[str, float] | None
     tool_call_errors: int
@@ -73,91 +67,6 @@ class SessionHost(Protocol):
     def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle: ...
 
     def close_session(self, session_id: str) -> RecordedSession: ...
-
-
-@dataclass
-class RolloutOutcome:
-    """What became of one rollout."""
-
-    group_id: str
-    status: Status
-    trajectories: list[Trajectory] = field(default_factory=list)
-    reward: float | None = None
-    error: str | None = None
-    elapsed_s: float = 0.0
-    started: float = 0.0  # time.monotonic() at the start
-    sampled_tokens: int = 0
-    export_stats: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class RolloutResult:
-    """The outcomes of a set of rollouts and their summary."""
-
-    outcomes: list[RolloutOutcome]
-    elapsed_s: float
-    dropped: dict[str, int] = field(default_factory=dict)  # groups left out, by reason
-    # Rollouts that finished meanwhile in groups not returned: all failed or rejected,
-    # filtered, or too stale. Their outcomes count; their rewards and tokens do not.
-    left_out: list[RolloutOutcome] = field(default_factory=list)
-
-    @property
-    def trajectories(self) -> list[Trajectory]:
-        return [t for o in self.outcomes for t in o.trajectories]
-
-    def stats(self) -> dict[str, Any]:
-        stats = summarize(self.outcomes, self.elapsed_s)
-        left = summarize(self.left_out, self.elapsed_s)
-        for key in ("rollouts", "rejected", "failed", "timed_out"):
-            stats[key] += left[key]
-        stats["errors"] = dict(Counter(stats["errors"]) + Counter(left["errors"]))
-        stats["left_out_rollouts"] = left["rollouts"]
-        stats["dropped_stale_groups"] = self.dropped.get("dropped_stale_groups", 0)
-        stats["filtered_groups"] = self.dropped.get("filtered_groups", 0)
-        return stats
-
-
-def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any]:
-    """Counts by outcome, errors by type, reward mean/std, accuracy and token rate.
-
-    `accuracy` is the fraction of scored rollouts whose reward is >= 1 (a correct
-    answer under verifiable 0/1 rewards).
-    """
-    status = Counter(o.status for o in outcomes)
-    rewards = [o.reward for o in outcomes if o.reward is not None]
-    tokens = sum(o.sampled_tokens for o in outcomes)
-    # Over the span the outcomes were produced in: a batch taken from groups finished
-    # ahead (asynchronous RL) is returned at once, but was not produced in no time.
-    if outcomes and all(o.started for o in outcomes):
-        elapsed_s = max(o.started + o.elapsed_s for o in outcomes) - min(
-            o.started for o in outcomes
-        )
-    mean = sum(rewards) / len(rewards) if rewards else float("nan")
-    var = sum((r - mean) ** 2 for r in rewards) / len(rewards) if rewards else float("nan")
-    errors = Counter(o.error.split(":", 1)[0] for o in outcomes if o.error)
-    export = Counter()
-    for o in outcomes:
-        export.update(o.export_stats)
-    return {
-        "rollouts": len(outcomes),
-        "completed": status["completed"],
-        "rejected": status["rejected"],
-        "failed": status["failed"],
-        "timed_out": status["timed_out"],
-        "errors": dict(errors),
-        "reward_mean": mean,
-        "reward_std": math.sqrt(var) if rewards else float("nan"),
-        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
-        "trajectories": sum(len(o.trajectories) for o in outcomes),
-        "sampled_tokens": tokens,
-        "rollout_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
-        "elapsed_s": elapsed_s,
-        "calls": export["calls"],
-        "concat_breaks": export["concat_breaks"],
-        "concat_broken_sessions": export["concat_broken_sessions"],
-        "unrewarded_calls": export["unrewarded_calls"],
-        "tool_call_errors": export["tool_call_errors"],
-    }
 
 
 @dataclass
@@ -202,6 +111,7 @@ class RolloutController:
         self._jobs: deque[_Job] = deque()  # submitted, not admitted yet
         self._rows: Iterator[dict] | None = None  # prepare_batch's data, after the jobs
         self._rows_done = False
+        self._next_position = 0  # data position of the next row drawn from _rows
         self._admitting: _Job | None = None  # the job the dispatcher holds
         self._in_flight: dict[asyncio.Task, _Job] = {}
         self._failure: BaseException | None = None
@@ -228,29 +138,26 @@ class RolloutController:
     ) -> RolloutOutcome:
         workflow = workflow or self.workflow
         handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
-        start = time.monotonic()
-        status: Status = "completed"
-        result: Any = None
-        error = None
         try:
-            result = await asyncio.wait_for(
-                workflow.run(
-                    row, base_url=handle.base_url, api_key=handle.api_key, model=self.model_name
-                ),
-                timeout=self.cfg.timeout_s,
+            run = await run_workflow(
+                workflow,
+                row,
+                base_url=handle.base_url,
+                api_key=handle.api_key,
+                model=self.model_name,
+                timeout_s=self.cfg.timeout_s,
             )
-        except TimeoutError:
-            status, error = "timed_out", f"TimeoutError: no result after {self.cfg.timeout_s} s"
-        except Exception as e:  # user code: count it, never stop the run
-            status, error = "failed", f"{type(e).__name__}: {e}"
         finally:
             session = self.host.close_session(handle.id)
-        elapsed = time.monotonic() - start
-        if status != "completed":
-            self._log_error(error)
-            return RolloutOutcome(group_id, status, error=error, elapsed_s=elapsed, started=start)
+        start, elapsed = run.started, run.elapsed_s
+        if run.status != "completed":
+            self._log_error(run.error)
+            return RolloutOutcome(
+                group_id, run.status, error=run.error, elapsed_s=elapsed, started=start
+            )
 
-        reward, error = check_reward(result if result is not None else session.reward)
+        # A reward the workflow returned, else one posted to the session.
+        reward, error = check_reward(run.value if run.value is not None else session.reward)
         if error:
             self._log_error(error)
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
@@ -385,13 +292,16 @@ class RolloutController:
         self._start_dispatcher()
 
     async def prepare_batch(
-        self, rows: Iterable[dict], batch_size: int | None = None
+        self, rows: Iterable[dict], batch_size: int | None = None, *, first_position: int = 0
     ) -> RolloutResult:
         """Return the next `batch_size` finished groups, drawing groups from `rows`
         whenever nothing submitted is waiting. The first call's `rows` is kept: later
-        calls go on where it stopped, so the engine stays busy between calls."""
+        calls go on where it stopped, so the engine stays busy between calls.
+        `first_position` is the data position of the first row `rows` yields (a resumed
+        run's); rows drawn after it count up from it (`earliest_untrained_position`)."""
         if self._rows is None and not self._rows_done:
             self._rows = iter(rows)
+            self._next_position = first_position
         self._start_dispatcher()
         return await self.wait(batch_size or self.cfg.batch_size, who="prepare_batch")
 
@@ -448,6 +358,7 @@ class RolloutController:
             time.monotonic() - start,
             dropped=dict(dropped),
             left_out=left_out,
+            version=self.version(),
         )
 
     def notify_version(self) -> None:
@@ -457,7 +368,7 @@ class RolloutController:
     def _fresh(self, group: list[RolloutOutcome]) -> bool:
         version = self.version()
         oldest = min(t.oldest_version() for o in group for t in o.trajectories)
-        if version - oldest <= self.cfg.max_head_offpolicyness:
+        if self.staleness.is_fresh(oldest, version):
             return True
         for o in group:
             if o.trajectories:
@@ -495,12 +406,14 @@ class RolloutController:
         if self._jobs:
             return self._jobs.popleft()
         if self._rows is not None:
-            position = getattr(self._rows, "position", None)
             try:
-                return _Job(next(self._rows), self.cfg.group_size, self.workflow, position=position)
+                row = next(self._rows)
             except StopIteration:
                 self._rows, self._rows_done = None, True
                 self._group_done.set()
+                return None
+            position, self._next_position = self._next_position, self._next_position + 1
+            return _Job(row, self.cfg.group_size, self.workflow, position=position)
         return None
 
     async def _dispatch(self) -> None:
@@ -653,25 +566,3 @@ async def _wait_event(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
-
-
-def check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:
-    """Validate a workflow's result: (reward, None) or (None, error message)."""
-    if value is None:
-        return None, None
-    if isinstance(value, dict):
-        rewards = {}
-        for key, r in value.items():
-            checked, error = check_reward(r)
-            if error or checked is None:
-                return None, f"InvalidReward: reward for completion {key!r}: {error or r!r}"
-            rewards[str(key)] = checked
-        return (rewards, None) if rewards else (None, "InvalidReward: empty reward dict")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None, (
-            f"InvalidReward: the workflow returned {value!r} "
-            f"({type(value).__name__}); return a float, a dict or None"
-        )
-    if not math.isfinite(value):
-        return None, f"InvalidReward: the workflow returned a non-finite reward {value!r}"
-    return float(value), None

@@ -1,19 +1,33 @@
-"""Admission control for rollouts: bounded concurrency and bounded staleness.
+"""The staleness policy, whole: which rollouts may start, which finished ones are fresh
+enough to train on, and how stale what is trained on was.
 
-Owns one formula (as in AReaL). A new rollout may start only while
+Every rule takes `version` from one place: the policy version of the engine that
+samples (the controller's `version()`; the trainer's, once its weights reached the
+engine). A sample's staleness is `version` minus the oldest version among its sampled
+tokens.
 
-    capacity = min(max_concurrent_rollouts - running,
-                   (max_head_offpolicyness + version + 1) * batch_size - (accepted + running))
+- Admission (as in AReaL). A new rollout may start only while
 
-is positive, where `version` is the trainer's policy version, `accepted` counts
-rollouts finished and handed to training since the start, and `running` those in
-flight (all in rollouts, i.e. sessions, not groups). With `max_head_offpolicyness = 0`
-no rollout for step v+1 starts before the trainer reaches version v+1: synchronous RL.
+      capacity = min(max_concurrent_rollouts - running,
+                     (max_head_offpolicyness + version + 1) * batch_size - (accepted + running))
+
+  is positive, where `accepted` counts rollouts finished and handed to training since
+  the start, and `running` those in flight (all in rollouts, i.e. sessions, not groups).
+  With `max_head_offpolicyness = 0` no rollout for step v+1 starts before the trainer
+  reaches version v+1: synchronous RL.
+- Eviction. A finished group whose oldest token is more than `max_head_offpolicyness`
+  versions behind when a batch takes it is dropped (`is_fresh`), so nothing trained is
+  staler than the bound, even a slow rollout that finished late; its rollouts leave
+  `accepted`, making room for new ones.
+- The metric. `sample_staleness` of each trained sample at the moment its batch was
+  taken (`staleness_mean`, `staleness_max` in the rollout stats).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from looprl.types import Trajectory
 
 
 @dataclass
@@ -26,7 +40,7 @@ class StalenessManager:
     rejected: int = 0
 
     def terms(self, version: int) -> tuple[int, int]:
-        """The formula's two terms: (concurrency, staleness)."""
+        """The admission formula's two terms: (concurrency, staleness)."""
         concurrency = self.max_concurrent_rollouts - self.running
         staleness = (self.max_head_offpolicyness + version + 1) * self.batch_size - (
             self.accepted + self.running
@@ -44,6 +58,11 @@ class StalenessManager:
             f"{self.max_concurrent_rollouts}, max_head_offpolicyness="
             f"{self.max_head_offpolicyness}: capacity={self.capacity(version)}"
         )
+
+    def is_fresh(self, oldest_version: int, version: int) -> bool:
+        """Whether a group whose oldest sampled token is from `oldest_version` may still be
+        trained on at `version`."""
+        return version - oldest_version <= self.max_head_offpolicyness
 
     def on_start(self) -> None:
         self.running += 1
@@ -67,3 +86,8 @@ class StalenessManager:
 
     def load_state_dict(self, state: dict) -> None:
         self.accepted, self.rejected, self.running = state["accepted"], state["rejected"], 0
+
+
+def sample_staleness(trajectories: list[Trajectory], version: int) -> list[int]:
+    """Per trajectory: `version` minus the oldest policy version among its sampled tokens."""
+    return [version - t.oldest_version() for t in trajectories]

@@ -1,6 +1,6 @@
 """The Ray scheduler: engine replicas and trainer ranks as Ray actors.
 
-`launch_ray(cfg, workflow)` joins the cluster at `scheduler.ray_address` (or starts a
+`start_ray_actors(cfg, workflow)` joins the cluster at `scheduler.ray_address` (or starts a
 local Ray for this run), plans where every actor goes (scheduling/placement.py: the
 allocation string or the explicit fields, devices left idle named in a warning), and
 starts one `EngineReplica` actor per engine replica and one `TrainerRank` actor per
@@ -19,7 +19,7 @@ error raised in the driver is that rank's own traceback.
 Weights reach the replicas (`scheduler.weight_sync`) through Ray's object store
 (`memory`: rank 0 puts the full state dict once, each replica fetches it; on one node
 that is shared memory), or by `broadcast` from rank 0 over a separate process group in
-buckets (engines/broadcast.py: NCCL on GPU, gloo on CPU; local engines). A vLLM or
+buckets (weight_broadcast.py: NCCL on GPU, gloo on CPU; local engines). A vLLM or
 SGLang replica writes what it receives as a weight folder under its own
 `<run_dir>/engines/replica-N/` and reloads its server from it, as it does locally.
 Versions travel with the weights.
@@ -47,9 +47,10 @@ from looprl import precision
 from looprl.config import Config
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
-from looprl.models import load_model, load_tokenizer, model_config
+from looprl.engines.servers.reloadable import ServerEngine
+from looprl.models import load_model, load_tokenizer
 from looprl.runtime import release_free_memory
-from looprl.scheduling.parts import Parts, serve
+from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
 from looprl.scheduling.ranks import RankFailed, join_group
 from looprl.scheduling.single_process import save_policy
@@ -94,6 +95,7 @@ class EngineReplica:
         self.index = index
         self.release_memory = release_memory
         self.engine = None
+        self.server: ServerEngine | None = None  # what pause releases, when collocated
         self.receiver = None
 
     async def start(self) -> dict[str, Any]:
@@ -106,6 +108,9 @@ class EngineReplica:
         model = load_model(cfg.model.path).to(_device())  # the engine keeps its own copy
         precision.choose(cfg, _device())  # logs this replica's decision
         self.engine = await start_engine(cfg, model, tokenizer, run_dir)
+        if self.release_memory:  # only server engines are collocated to release (see below)
+            assert isinstance(self.engine, ServerEngine), type(self.engine)
+            self.server = self.engine
         register(cfg.run_dir, f"engine-{self.index}", role="engine", rank=None)
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
 
@@ -120,8 +125,8 @@ class EngineReplica:
         """Pause; collocated on a trainer rank's GPUs, a vLLM/SGLang server also frees its
         weights and KV cache until the next weight load or resume."""
         await self.engine.pause()
-        if self.release_memory and hasattr(self.engine, "release_memory"):
-            await self.engine.release_memory()
+        if self.server is not None:
+            await self.server.release_memory()
 
     async def resume(self) -> None:
         await self.engine.resume()
@@ -194,12 +199,7 @@ class TrainerRank:
         if self.rank == 0:
             precision.choose(cfg, device)  # logs the ranks' decision
         policy = load_model(cfg.model.path, cfg.model.dtype).to(device)
-        reference = None
-        if cfg.train.kl_coef > 0:
-            reference = load_model(cfg.model.path, cfg.model.dtype).to(device)
-        self.trainer = DataParallelTrainer(
-            policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
-        )
+        self.trainer = build_trainer(cfg, policy, DataParallelTrainer)
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "backend": backend}
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -306,10 +306,12 @@ class RayEngine:
 
 
 class RankGroup:
-    """The loop's `TrainerHandle` over the trainer rank actors."""
+    """The loop's `TrainerHandle` over the trainer rank actors, feeding the replicas of
+    `pool` (set once the replicas exist: they start after the ranks)."""
 
     def __init__(self, cfg: Config, ranks: list, weight_sync: str):
         self.cfg, self.ranks, self.weight_sync = cfg, ranks, weight_sync
+        self.pool: EnginePool | None = None
         self._version = 0
 
     @property
@@ -322,15 +324,15 @@ class RankGroup:
         self._version += 1
         return stats[0]
 
-    async def push_weights(self, engine: EnginePool) -> None:
+    async def push_weights(self) -> None:
         if self.weight_sync == "broadcast":
-            replicas = engine.healthy_engines()
+            replicas: list[RayEngine] = self.pool.healthy_engines()
             await asyncio.gather(
                 self._all("broadcast_weights"), *(r.receive_weights() for r in replicas)
             )
             return
         (state_ref,) = (await self._all("weights"))[0]
-        await engine.update_weights(state_ref, self._version)
+        await self.pool.update_weights(state_ref, self._version)
 
     async def state_dict(self) -> dict[str, Any]:
         (state_ref,) = (await self._all("state_dict"))[0]
@@ -396,7 +398,7 @@ def _rank_failed(rank: int, world: int, error: BaseException) -> RankFailed:
 
 
 @asynccontextmanager
-async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
+async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
     """Engine replicas and trainer ranks as Ray actors; gateway and controller here."""
     weight_sync = "broadcast" if cfg.scheduler.weight_sync == "broadcast" else "memory"
     started = not ray.is_initialized()
@@ -421,9 +423,11 @@ async def launch_ray(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
         if weight_sync == "broadcast":
             await _join_weight_group(group, engines)
         pool = EnginePool(engines, names=[e.name for e in engines])
+        group.pool = pool
         tokenizer = load_tokenizer(cfg.model.path)
-        max_len = model_config(cfg.model.path).max_position_embeddings
-        async with serve(cfg, pool, tokenizer, workflow, max_model_len=max_len) as parts:
+        async with gateway_and_controller(
+            cfg, pool, tokenizer, workflow, engine_health=pool.stats
+        ) as parts:
             parts.trainer = group
             yield parts
     finally:

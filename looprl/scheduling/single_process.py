@@ -1,8 +1,8 @@
 """Everything in one process: the engine, the gateway, the rollout controller and the
-trainer.
+trainer (`scheduler.type=single_process`, the default).
 
-`launch_local` builds them for a config and tears them down in reverse order. Because
-every part shares one event loop and one process, an ordinary debugger and
+`start_single_process` builds them for a config and tears them down in reverse order.
+Because every part shares one event loop and one process, an ordinary debugger and
 `breakpoint()` work anywhere, workflows included. The engine is the in-process local
 one, or (engine.type=vllm/sglang) an adapter to a server process it launches.
 `LocalTrainer` is the loop's handle on a `Trainer` in this process.
@@ -24,7 +24,7 @@ from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
 from looprl.models import load_model, load_tokenizer
-from looprl.scheduling.parts import Parts, serve
+from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
 from looprl.workflow import Workflow
@@ -33,21 +33,12 @@ log = logging.getLogger(__name__)
 
 
 class LocalTrainer:
-    """A `Trainer` in this process, behind the loop's `TrainerHandle` calls. A step runs
-    in a worker thread, so that the event loop (gateway, workflows, timeouts) stays live."""
+    """A `Trainer` in this process feeding `engine`, behind the loop's `TrainerHandle`
+    calls. A step runs in a worker thread, so that the event loop (gateway, workflows,
+    timeouts) stays live."""
 
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-
-    @classmethod
-    def for_config(cls, cfg: Config, policy: nn.Module | None = None) -> LocalTrainer:
-        policy = policy if policy is not None else load_model(cfg.model.path, cfg.model.dtype)
-        reference = load_model(cfg.model.path, cfg.model.dtype) if cfg.train.kl_coef > 0 else None
-        return cls(
-            Trainer(
-                policy, cfg.train, temperature=cfg.sampling.temperature or 1.0, ref_model=reference
-            )
-        )
+    def __init__(self, trainer: Trainer, engine: Engine):
+        self.trainer, self.engine = trainer, engine
 
     @property
     def version(self) -> int:
@@ -56,8 +47,8 @@ class LocalTrainer:
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return await asyncio.to_thread(self.trainer.train_step, batch)
 
-    async def push_weights(self, engine: Engine) -> None:
-        await engine.update_weights(self.trainer.state_dict_for_engine(), self.trainer.version)
+    async def push_weights(self) -> None:
+        await self.engine.update_weights(self.trainer.state_dict_for_engine(), self.trainer.version)
 
     async def state_dict(self) -> dict[str, Any]:
         return self.trainer.state_dict()
@@ -77,25 +68,24 @@ def save_policy(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 @asynccontextmanager
-async def launch_local(
-    cfg: Config,
-    workflow: Workflow,
-    *,
-    model: nn.Module | None = None,
-    trainer: LocalTrainer | None = None,
+async def start_single_process(
+    cfg: Config, workflow: Workflow, *, train: bool = False, model: nn.Module | None = None
 ) -> AsyncIterator[Parts]:
-    """Start engine + gateway + controller; the engine copies `model` (or the trainer's
-    policy) when given, else loads the configured model. `trainer` is passed through to
-    the parts, for the training loop."""
+    """Start engine + gateway + controller, and with `train` the trainer, whose policy
+    the engine copies. Without `train` the engine serves `model` when given, else the
+    configured model."""
     tokenizer = load_tokenizer(cfg.model.path)
-    if model is None:
-        model = trainer.trainer.model if trainer is not None else load_model(cfg.model.path)
+    trainer = None
+    if train:
+        trainer = build_trainer(cfg, load_model(cfg.model.path, cfg.model.dtype))
+        model = trainer.model
+    elif model is None:
+        model = load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
         engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
     try:
-        max_len = model.config.max_position_embeddings
-        async with serve(cfg, engine, tokenizer, workflow, max_model_len=max_len) as parts:
-            parts.trainer = trainer
+        async with gateway_and_controller(cfg, engine, tokenizer, workflow) as parts:
+            parts.trainer = None if trainer is None else LocalTrainer(trainer, engine)
             yield parts
     finally:
         await engine.stop()  # a launched server process must not outlive the run

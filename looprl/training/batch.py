@@ -109,13 +109,6 @@ def build_batch(
     return batch, stats
 
 
-def sample_staleness(batch: TrainBatch, version: int) -> torch.Tensor:
-    """Per sample (N,): `version` minus the oldest policy version among its sampled tokens."""
-    never = torch.iinfo(torch.int64).max
-    oldest = torch.where(batch.loss_mask, batch.versions, never).min(dim=1).values  # (N,)
-    return version - oldest
-
-
 def micro_batch_indices(lengths: torch.Tensor, max_tokens_per_mb: int) -> list[torch.Tensor]:
     """First-fit-decreasing: row indices of each micro-batch, lengths (N,) -> [(n_i,) int64].
 
@@ -142,11 +135,6 @@ def micro_batch_indices(lengths: torch.Tensor, max_tokens_per_mb: int) -> list[t
                 )
             bins.append([i])
     return [torch.tensor(rows, dtype=torch.int64) for rows in bins]
-
-
-def split_micro_batches(batch: TrainBatch, max_tokens_per_mb: int) -> list[TrainBatch]:
-    """Pack `batch` into micro-batches of at most max_tokens_per_mb padded tokens (FFD)."""
-    return [batch.select(rows) for rows in micro_batch_indices(batch.lengths, max_tokens_per_mb)]
 
 
 def split_mini_batches(batch: TrainBatch, mini_batches: int) -> list[TrainBatch]:

@@ -1,6 +1,6 @@
 """The rollout path end to end: RolloutController -> gateway over HTTP -> LocalEngine.
 
-Every test runs `launch_local` (the real engine on the tiny model, the real gateway on
+Every test runs `start_single_process` (the real engine on the tiny model, the real gateway on
 loopback, the real controller) with workflows written as users write them: a plain
 `AsyncOpenAI` client on the `base_url` the controller hands over, returning a reward.
 Nothing is mocked; where a test needs to see what the gateway recorded, its workflow
@@ -25,8 +25,8 @@ from openai import AsyncOpenAI
 from looprl.config import Config, load_config
 from looprl.gateway.sessions import Session, SessionStore
 from looprl.models import load_model, load_tokenizer
-from looprl.rollout.controller import RolloutResult
-from looprl.scheduling.single_process import launch_local
+from looprl.rollout.outcome import RolloutResult
+from looprl.scheduling.single_process import start_single_process
 from looprl.types import Interaction, Trajectory
 
 QUESTION = [{"role": "user", "content": "Is it five?"}]
@@ -109,11 +109,11 @@ async def test_bad_workflows_are_counted_by_outcome_and_none_is_fatal(tiny_model
     kinds += ["hangs_in_call", "raises", "good"]
     cfg = _config(tiny_model_dir, "rollout.timeout_s=1")
     caplog.set_level(logging.WARNING, logger="looprl.rollout.controller")
-    async with launch_local(cfg, Misbehaving()) as parts:
+    async with start_single_process(cfg, Misbehaving()) as parts:
         start = time.monotonic()
         result = await parts.controller.rollout_batch([{"kind": k} for k in kinds])
         elapsed = time.monotonic() - start
-        assert len(parts.store) == 0  # every session closed, whatever its workflow did
+        assert len(parts.gateway.store) == 0  # every session closed, whatever its workflow did
         after = await parts.controller.rollout_batch([{"kind": "good"}])
 
     for kind, outcome in zip(kinds, result.outcomes, strict=True):
@@ -209,8 +209,8 @@ class TwoTurns:
 
 async def _two_turn_rollouts(cfg: Config, model=None, **workflow_kw) -> tuple[RolloutResult, dict]:
     workflow = TwoTurns(**workflow_kw)
-    async with launch_local(cfg, workflow, model=model) as parts:
-        workflow.store = parts.store
+    async with start_single_process(cfg, workflow, model=model) as parts:
+        workflow.store = parts.gateway.store
         result = await parts.controller.rollout_batch([{}], group_size=2)
     return result, workflow.sessions
 
@@ -305,7 +305,7 @@ class Rewarding:
 
 async def test_per_call_reward_dicts_and_posted_rewards(tiny_model_dir):
     shapes = ["dict", "dict_first_only", "posted", "posted_per_call"]
-    async with launch_local(_config(tiny_model_dir), Rewarding()) as parts:
+    async with start_single_process(_config(tiny_model_dir), Rewarding()) as parts:
         result = await parts.controller.rollout_batch([{"reward": s} for s in shapes])
     by_shape = dict(zip(shapes, result.outcomes, strict=True))
     assert all(o.status == "completed" for o in result.outcomes), result.outcomes
@@ -359,7 +359,7 @@ async def _settle(workflow: Counting, started: int, timeout_s: float = 10.0) -> 
 async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_model_dir):
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=0)
     workflow = Counting()
-    async with launch_local(cfg, workflow) as parts:
+    async with start_single_process(cfg, workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
         first = await controller.prepare_batch(rows)
         assert [len(g) for g in _groups(first)] == [2, 2]
@@ -382,7 +382,7 @@ async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_mod
 async def test_one_step_off_policy_runs_one_batch_ahead(tiny_model_dir):
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=1)
     workflow = Counting()
-    async with launch_local(cfg, workflow) as parts:
+    async with start_single_process(cfg, workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
         first = await controller.prepare_batch(rows)
         await _settle(workflow, 8)  # the next batch is produced without a version bump
@@ -411,7 +411,7 @@ async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
         "rollout.max_concurrent_rollouts=4",
     )
     workflow = Counting()
-    async with launch_local(cfg, workflow) as parts:
+    async with start_single_process(cfg, workflow) as parts:
         rows = _rows(q=1)
         for _ in range(3):
             result = await parts.controller.prepare_batch(rows)
@@ -420,7 +420,7 @@ async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
 
     workflow = Counting()
     cfg.rollout.max_concurrent_rollouts = 3
-    async with launch_local(cfg, workflow) as parts:
+    async with start_single_process(cfg, workflow) as parts:
         await parts.controller.rollout_batch([{}] * 5, group_size=2)
     assert workflow.started == 10 and workflow.peak == 3
 
@@ -446,8 +446,8 @@ class AsksForMore:
 
 async def test_eval_overrides_win_over_what_the_agent_asks(tiny_model_dir):
     workflow = AsksForMore()
-    async with launch_local(_config(tiny_model_dir), workflow) as parts:
-        workflow.store = parts.store
+    async with start_single_process(_config(tiny_model_dir), workflow) as parts:
+        workflow.store = parts.gateway.store
         controller = parts.controller
         greedy = await controller.rollout_batch(
             [{}], group_size=4, sampling_overrides={"temperature": 0.0, "max_tokens": 5}

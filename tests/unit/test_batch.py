@@ -6,7 +6,6 @@ import torch
 from looprl.training.batch import (
     build_batch,
     micro_batch_indices,
-    split_micro_batches,
     split_mini_batches,
 )
 from looprl.types import Trajectory
@@ -73,10 +72,10 @@ def test_ffd_gives_an_oversized_sequence_its_own_micro_batch(caplog):
     assert "20 tokens exceeds train.max_tokens_per_mb=16" in caplog.text
 
 
-def test_split_micro_batches_trims_each_to_its_longest_row():
+def test_micro_batches_are_selected_trimmed_to_their_longest_row():
     batch, _ = _batch()
     # lengths [4, 6, 3, 5], budget 12: 6 | 5 -> with 6 (2 x 6) | 4 | 3 -> with 4 (2 x 4)
-    parts = split_micro_batches(batch, 12)
+    parts = [batch.select(rows) for rows in micro_batch_indices(batch.lengths, 12)]
     assert [p.input_ids.shape for p in parts] == [(2, 6), (2, 4)]
     assert parts[1].input_ids.tolist() == [[1, 2, 3, 4], [1, 2, 3, PAD]]
     assert parts[1].advantages.tolist() == [0.5, -0.5]

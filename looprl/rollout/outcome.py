@@ -1,0 +1,168 @@
+"""What rollouts come to: each one's outcome, a batch's result and summary, and the one
+way a workflow is run (its timeout, its errors captured) and its reward checked.
+
+`run_workflow` is used by the controller for every rollout and by `looprl debug
+workflow` against any server; `check_reward` is the one rule for what a workflow may
+return: a finite float, a dict of them by completion id, or None (rejected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from looprl.rollout.staleness import sample_staleness
+from looprl.types import Trajectory
+from looprl.workflow import Workflow
+
+Status = Literal["completed", "rejected", "failed", "timed_out"]
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """One call of a workflow: `value` what it returned (status completed), else `error`
+    ("Type: message")."""
+
+    status: Literal["completed", "failed", "timed_out"]
+    value: Any
+    error: str | None
+    started: float  # time.monotonic() at the start
+    elapsed_s: float
+
+
+async def run_workflow(
+    workflow: Workflow, row: dict, *, base_url: str, api_key: str, model: str, timeout_s: float
+) -> WorkflowRun:
+    """Run `workflow` on `row` against the endpoint; user code: whatever it raises or
+    however long it hangs (cancelled at `timeout_s`) is captured, never raised."""
+    start = time.monotonic()
+    try:
+        value = await asyncio.wait_for(
+            workflow.run(row, base_url=base_url, api_key=api_key, model=model), timeout=timeout_s
+        )
+    except TimeoutError:
+        error = f"TimeoutError: no result after {timeout_s} s"
+        return WorkflowRun("timed_out", None, error, start, time.monotonic() - start)
+    except Exception as e:  # user code: count it, never stop the run
+        error = f"{type(e).__name__}: {e}"
+        return WorkflowRun("failed", None, error, start, time.monotonic() - start)
+    return WorkflowRun("completed", value, None, start, time.monotonic() - start)
+
+
+def check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:
+    """Validate a workflow's result: (reward, None) or (None, error message)."""
+    if value is None:
+        return None, None
+    if isinstance(value, dict):
+        rewards = {}
+        for key, r in value.items():
+            checked, error = check_reward(r)
+            if error or checked is None:
+                return None, f"InvalidReward: reward for completion {key!r}: {error or r!r}"
+            rewards[str(key)] = checked
+        return (rewards, None) if rewards else (None, "InvalidReward: empty reward dict")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, (
+            f"InvalidReward: the workflow returned {value!r} "
+            f"({type(value).__name__}); return a float, a dict or None"
+        )
+    if not math.isfinite(value):
+        return None, f"InvalidReward: the workflow returned a non-finite reward {value!r}"
+    return float(value), None
+
+
+@dataclass
+class RolloutOutcome:
+    """What became of one rollout."""
+
+    group_id: str
+    status: Status
+    trajectories: list[Trajectory] = field(default_factory=list)
+    reward: float | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+    started: float = 0.0  # time.monotonic() at the start
+    sampled_tokens: int = 0
+    export_stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutResult:
+    """The outcomes of a set of rollouts and their summary."""
+
+    outcomes: list[RolloutOutcome]
+    elapsed_s: float
+    dropped: dict[str, int] = field(default_factory=dict)  # groups left out, by reason
+    # Rollouts that finished meanwhile in groups not returned: all failed or rejected,
+    # filtered, or too stale. Their outcomes count; their rewards and tokens do not.
+    left_out: list[RolloutOutcome] = field(default_factory=list)
+
+    # The policy version when the batch was taken for training (None: not for training):
+    # each sample's staleness is measured against it.
+    version: int | None = None
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [t for o in self.outcomes for t in o.trajectories]
+
+    def stats(self) -> dict[str, Any]:
+        stats = summarize(self.outcomes, self.elapsed_s)
+        left = summarize(self.left_out, self.elapsed_s)
+        for key in ("rollouts", "rejected", "failed", "timed_out"):
+            stats[key] += left[key]
+        stats["errors"] = dict(Counter(stats["errors"]) + Counter(left["errors"]))
+        stats["left_out_rollouts"] = left["rollouts"]
+        stats["dropped_stale_groups"] = self.dropped.get("dropped_stale_groups", 0)
+        stats["filtered_groups"] = self.dropped.get("filtered_groups", 0)
+        if self.version is not None and self.trajectories:
+            staleness = sample_staleness(self.trajectories, self.version)
+            stats["staleness_mean"] = sum(staleness) / len(staleness)
+            stats["staleness_max"] = max(staleness)
+        return stats
+
+
+def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any]:
+    """Counts by outcome, errors by type, reward mean/std, accuracy and token rate.
+
+    `accuracy` is the fraction of scored rollouts whose reward is >= 1 (a correct
+    answer under verifiable 0/1 rewards).
+    """
+    status = Counter(o.status for o in outcomes)
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    tokens = sum(o.sampled_tokens for o in outcomes)
+    # Over the span the outcomes were produced in: a batch taken from groups finished
+    # ahead (asynchronous RL) is returned at once, but was not produced in no time.
+    if outcomes and all(o.started for o in outcomes):
+        elapsed_s = max(o.started + o.elapsed_s for o in outcomes) - min(
+            o.started for o in outcomes
+        )
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    var = sum((r - mean) ** 2 for r in rewards) / len(rewards) if rewards else float("nan")
+    errors = Counter(o.error.split(":", 1)[0] for o in outcomes if o.error)
+    export = Counter()
+    for o in outcomes:
+        export.update(o.export_stats)
+    return {
+        "rollouts": len(outcomes),
+        "completed": status["completed"],
+        "rejected": status["rejected"],
+        "failed": status["failed"],
+        "timed_out": status["timed_out"],
+        "errors": dict(errors),
+        "reward_mean": mean,
+        "reward_std": math.sqrt(var) if rewards else float("nan"),
+        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
+        "trajectories": sum(len(o.trajectories) for o in outcomes),
+        "sampled_tokens": tokens,
+        "rollout_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        "elapsed_s": elapsed_s,
+        "calls": export["calls"],
+        "concat_breaks": export["concat_breaks"],
+        "concat_broken_sessions": export["concat_broken_sessions"],
+        "unrewarded_calls": export["unrewarded_calls"],
+        "tool_call_errors": export["tool_call_errors"],
+    }
