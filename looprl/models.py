@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,14 +65,24 @@ def default_model_dir() -> Path:
         return target
     gguf = _gguf_path()
     log.info("Converting the default model %s once into %s (about 20 s)", gguf.name, target)
+    return write_model_folder(target, lambda tmp: _convert_gguf(gguf, tmp), replace=False)
+
+
+def write_model_folder(target: Path, fill: Callable[[Path], None], *, replace: bool = True) -> Path:
+    """Build the folder `target` atomically: `fill` writes into a temporary sibling, which
+    then takes `target`'s name. An existing `target` is replaced, or with `replace=False`
+    kept (another process finished the same folder first). A failure leaves nothing."""
+    target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
-        _convert_gguf(gguf, tmp)
-        if target.exists():  # another process finished first
+        fill(tmp)
+        if target.exists() and not replace:
             shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
+            return target
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -79,7 +79,7 @@ async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) 
     if engine_cfg.url is not None:
         return await remote.connect(engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)
     if engine_cfg.type == "vllm":
-        return await VLLMEngine.launch(
+        return await VLLMEngine.launch_server(
             engine_cfg,
             model=model,
             tokenizer=tokenizer,
@@ -87,6 +87,6 @@ async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) 
             served_name=cfg.model.name,
             gpus=gpus,
         )
-    return await SGLangEngine.launch(
+    return await SGLangEngine.launch_server(
         engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir, served_name=cfg.model.name
     )

@@ -1,6 +1,7 @@
 """The gateway: OpenAI-compatible HTTP endpoints that record every call per session."""
 
-from looprl.gateway.app import APIError, create_app
+from looprl.gateway.app import create_app
+from looprl.gateway.errors import APIError
 from looprl.gateway.server import GatewayServer, SessionHandle
 from looprl.gateway.sessions import Session, SessionStore
 

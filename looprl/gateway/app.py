@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP API agents talk to.
 
-Owns: the routes, request validation and OpenAI-style errors, the chat template,
-turning engine Generations into OpenAI responses (JSON or server-sent events), and
-recording every choice on its session. Does not own sampling (the engine) or when
-sessions open and close (the caller, through the SessionStore).
+Owns: the routes, the chat template, turning engine Generations into OpenAI responses
+(JSON or server-sent events), and recording every choice on its session. Does not own
+the request bodies (schemas.py), the error format (errors.py), sampling (the engine) or
+when sessions open and close (the caller, through the SessionStore).
 
 Routes, each also at plain `/v1/...` without auth or recording when `sessionless`:
     POST /sessions/{id}/v1/chat/completions
@@ -43,261 +43,30 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
-from pydantic import BaseModel, Field, model_validator
-from starlette.exceptions import HTTPException
 from transformers import PreTrainedTokenizerBase
 
 from looprl.config import SamplingConfig
 from looprl.engines.base import Engine, EngineError
 from looprl.gateway import tools as tools_lib
+from looprl.gateway.errors import APIError, install_error_handlers, unavailable
+from looprl.gateway.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    RewardRequest,
+    SamplingRequest,
+)
 from looprl.gateway.sessions import Session, SessionStore, sampling_fields
 from looprl.types import Generation, Interaction, SamplingParams
 
 log = logging.getLogger(__name__)
 
-MAX_N = 128  # choices per request: bounds the work one request can queue
 MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
 DISCONNECT_POLL_S = 0.25  # how often a waiting call checks for a gone client or closed session
-
-# ---- requests ----------------------------------------------------------------------
-
-StopString = Annotated[str, Field(min_length=1)]
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _has_content(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs the tool_call_id it answers")
-        return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
-
-    def for_template(self) -> dict[str, Any]:
-        """The message as the chat template and tools.render_messages take it."""
-        role = "system" if self.role == "developer" else self.role
-        out: dict[str, Any] = {"role": role, "content": self.text()}
-        if self.tool_calls:
-            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
-
-
-class FunctionDefinition(BaseModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDefinition(BaseModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(BaseModel):
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class SamplingRequest(BaseModel):
-    """Fields shared by chat and text completions; null means "not given"."""
-
-    model: str | None = None
-    n: int | None = Field(None, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=1)
-    stop: StopString | list[StopString] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-
-
-class ChatRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[ToolDefinition] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-
-    @model_validator(mode="after")
-    def _tool_choice_names_a_tool(self) -> ChatRequest:
-        names = [t.function.name for t in self.tools or []]
-        if self.tool_choice not in (None, "none") and not names:
-            raise ValueError(f"tool_choice={self._choice()!r} needs tools")
-        choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise ValueError(
-                f"tool_choice names {choice.function.name!r}, which is not among the tools "
-                f"({', '.join(names)})"
-            )
-        return self
-
-    def _choice(self) -> str | dict | None:
-        choice = self.tool_choice
-        return choice.model_dump() if isinstance(choice, BaseModel) else choice
-
-    def active_tools(self) -> tuple[list[dict], str | dict | None]:
-        """The tool definitions the model sees and the tool_choice, or ([], None)."""
-        if not self.tools or self.tool_choice == "none":
-            return [], None
-        return [t.model_dump(exclude_none=True) for t in self.tools], self._choice()
-
-
-class CompletionRequest(SamplingRequest):
-    prompt: str | list[Annotated[int, Field(ge=0)]]
-    logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class RewardRequest(BaseModel):
-    reward: float | None = Field(None, allow_inf_nan=False)
-    rewards: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = None
-    completion_id: str | None = None
-
-    @model_validator(mode="after")
-    def _one_shape(self) -> RewardRequest:
-        if (self.reward is None) == (self.rewards is None):
-            raise ValueError(
-                'give either "reward" (with an optional "completion_id") or '
-                '"rewards" ({completion_id: reward})'
-            )
-        if self.completion_id is not None and self.rewards is not None:
-            raise ValueError('"completion_id" goes with "reward", not with "rewards"')
-        return self
-
-    def value(self) -> float | dict[str, float]:
-        if self.rewards is not None:
-            return self.rewards
-        if self.completion_id is not None:
-            return {self.completion_id: self.reward}
-        return self.reward
-
-
-# ---- errors ------------------------------------------------------------------------
-
-
-class APIError(Exception):
-    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        type: str = "invalid_request_error",
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {"message": self.message, "type": self.type, "param": self.param, "code": None}
-        }
-
-
-def _param(loc: tuple) -> str:
-    """`("body", "messages", 0, "content", "list[TextPart]", 1)` -> `messages[0].content[1]`.
-
-    Pydantic names the union member it tried inside `loc` (`str`, `list[TextPart]`,
-    `constrained-str`); those are dropped.
-    """
-    out = ""
-    for part in loc[1:]:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part not in ("str", "int", "float", "bool") and part.isidentifier():
-            out += f".{part}" if out else part
-    return out
-
-
-def _validation_error(exc: RequestValidationError) -> APIError:
-    err = max(exc.errors(), key=lambda e: len(e["loc"]))  # the deepest is the most specific
-    if err["type"] == "json_invalid":
-        detail = err.get("ctx", {}).get("error", "")
-        return APIError(
-            400, f"request body is not valid JSON: {detail} at character {err['loc'][-1]}"
-        )
-    param = _param(tuple(err["loc"]))
-    got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
-    if len(got) > 200:
-        got = got[:196] + "...)"
-    if not param and err["type"] == "value_error":  # a check across fields of the request
-        return APIError(400, err["msg"].removeprefix("Value error, "))
-    if not param:
-        return APIError(
-            400,
-            "the request body must be a JSON object sent with Content-Type: "
-            f"application/json{got or ' (it is empty)'}",
-        )
-    return APIError(400, f"{param}: {err['msg']}{got}", param)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        error = _validation_error(exc)
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            APIError(exc.status_code, str(exc.detail), type=kind).body(),
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
-
 
 # ---- the app -----------------------------------------------------------------------
 
@@ -325,7 +94,7 @@ def create_app(
     gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len)
     app = FastAPI(title="looprl gateway")
     app.state.store = store
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
     def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
         session = store.get(session_id)
@@ -678,7 +447,7 @@ class _Gateway:
         try:
             gens = await self._generate(request, call, sampling, session)
         except EngineError as e:
-            raise _unavailable(e) from None
+            raise unavailable(e) from None
         if gens is None:
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
@@ -764,7 +533,7 @@ class _Gateway:
                 yield _sse({**header, "choices": [], "usage": call.usage(gens)})
             yield "data: [DONE]\n\n"
         except EngineError as e:
-            yield _sse(_unavailable(e).body())
+            yield _sse(unavailable(e).body())
         finally:
             for task in tasks:
                 if task.done() and not task.cancelled():
@@ -825,11 +594,6 @@ class _Call:
 
 _ChoiceFn = Callable[[int, Generation, str, str], dict]
 _ChunksFn = Callable[[int, Generation, str, str], list[dict]]
-
-
-def _unavailable(error: EngineError) -> APIError:
-    message = f"the engine could not serve this request: {error}"
-    return APIError(503, message, type="service_unavailable")
 
 
 def _token_logprob(token: str, logprob: float) -> dict[str, Any]:

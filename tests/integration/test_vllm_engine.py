@@ -169,7 +169,7 @@ async def test_connect_to_a_running_server_loads_the_policy(fp32, tmp_path):
         cfg, model=fp32.policy, tokenizer=fp32.tokenizer, run_dir=tmp_path
     )
     try:
-        assert other.served_name == "policy" and other.max_model_len == 1024
+        assert other.served_name == "policy"
         sampling = SamplingParams(max_new_tokens=16, temperature=TEMPERATURE)
         report = await measure(
             other, fp32.trainer, fp32.tokenizer, fp32.prompts[:2], sampling, name="vllm"

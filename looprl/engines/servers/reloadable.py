@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerError, ServerProcess
 from looprl.engines.servers.request_gate import RequestGate
 from looprl.engines.servers.weight_folder import WeightFolder
+from looprl.types import FinishReason, Generation, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class ServerCalls:
 class ReloadableServer:
     """The server at `client.url`, loading new weights from `weights` through `calls`.
 
-    `process` is the server's process when looprl launched it (`launch`), else None.
+    `process` is the server's process when looprl launched it (`start`), else None.
     """
 
     def __init__(
@@ -71,7 +74,7 @@ class ReloadableServer:
         self._released = False
 
     @classmethod
-    async def launch(
+    async def start(
         cls, process: ServerProcess, weights: WeightFolder, calls: ServerCalls
     ) -> ReloadableServer:
         """Start `process` (serving a version in `weights`) and wait until it is healthy;
@@ -158,9 +161,18 @@ class ReloadableServer:
         self.weights.remove()
 
 
+FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
 class ServerEngine:
-    """The Engine protocol's control calls over a `ReloadableServer`, shared by the vLLM
-    and SGLang adapters, which add `generate` and how they launch or connect."""
+    """The Engine protocol over a `ReloadableServer`, shared by the vLLM and SGLang
+    adapters: control calls, the generate round trip, version 0 at start, the server's
+    venv. An adapter states its request (`request_body`, `generate_path`), how it reads a
+    reply (`generation`), what sampling it refuses (`check_sampling`), and how it
+    launches or connects."""
+
+    kind = "server"  # the server's name in messages ("vLLM", "SGLang")
+    generate_path = "/generate"
 
     def __init__(self, server: ReloadableServer) -> None:
         self.server = server
@@ -172,6 +184,70 @@ class ServerEngine:
     @property
     def url(self) -> str:
         return self.server.client.url
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        """Sample a continuation; waits while a weight reload is under way. `session` is
+        not used: the server's own prefix cache finds shared prefixes."""
+        if not prompt_ids:
+            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+        self.check_sampling(sampling)
+        async with self.server.request() as version:
+            reply = await self.server.client.post(
+                self.generate_path, self.request_body(prompt_ids, sampling)
+            )
+        return self.generation(reply, list(prompt_ids), version, sampling.top_logprobs)
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Raise EngineError for sampling options this server cannot honour."""
+
+    def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict:
+        raise NotImplementedError
+
+    def generation(
+        self, reply: dict, prompt_ids: list[int], version: int, top_logprobs: int
+    ) -> Generation:
+        raise NotImplementedError
+
+    def finish_reason(self, reason: str, detail: object) -> FinishReason:
+        """The Generation's finish reason for the server's; an unknown one is an error."""
+        known = FINISH_REASONS.get(reason)
+        if known is None:
+            raise EngineError(
+                f"the {self.kind} server at {self.url} ended a generation with finish_reason="
+                f"{detail!r}; looprl knows {sorted(FINISH_REASONS)}"
+            )
+        return known
+
+    @staticmethod
+    def weight_folder(
+        cfg: EngineConfig, model: nn.Module, tokenizer, run_dir: Path
+    ) -> WeightFolder:
+        """Where the server's weight versions go: <run_dir>/weights, in engine.dtype."""
+        return WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
+
+    @staticmethod
+    async def start_server(
+        process_for: Callable[[Path], ServerProcess],
+        weights: WeightFolder,
+        model: nn.Module,
+        calls: ServerCalls,
+    ) -> ReloadableServer:
+        """Write `model`'s weights as version 0 and start the server `process_for` that
+        folder gives, waiting until it is healthy."""
+        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
+        return await ReloadableServer.start(process_for(model_dir), weights, calls)
+
+    @staticmethod
+    async def attach(
+        client: ServerClient, weights: WeightFolder, model: nn.Module, calls: ServerCalls
+    ) -> ReloadableServer:
+        """A server already running at `client.url`, `model`'s weights loaded into it as
+        version 0 (so it may have started from any checkpoint of the architecture)."""
+        server = ReloadableServer(client, weights, calls)
+        await server.update_weights(model.state_dict(), 0)
+        return server
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Write `state_dict` as `version`, then load it in the server between requests."""
@@ -192,3 +268,16 @@ class ServerEngine:
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
         await self.server.stop()
+
+
+def server_python(cfg: EngineConfig, default_venv: str, install: str) -> Path:
+    """The python of engine.venv (default `default_venv`); EngineError saying how to
+    create it (`install`: the pip command) when it has none."""
+    venv = Path(cfg.venv or default_venv)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise EngineError(
+            f"engine.venv={str(venv)!r} has no bin/python; create it (`python -m venv {venv} "
+            f"&& {venv}/bin/{install}`) or point engine.venv at one"
+        )
+    return python

@@ -1,6 +1,7 @@
 """The SGLang engine: generation and weight reloads through SGLang's native HTTP API.
 
-Owns: the Engine protocol over an SGLang server that looprl launched on GPUs (`launch`:
+Owns: the Engine protocol over an SGLang server that looprl launched on GPUs
+(`launch_server`:
 `python -m sglang.launch_server` from engine.venv, default .venv-sglang, its log in
 <run_dir>/logs/sglang-0.log) or that already runs (`connect`). SGLang needs CUDA: on a
 machine without GPUs only `connect` (to a server elsewhere) works. Verified here only
@@ -25,14 +26,13 @@ The protocol followed, from sgl-project/sglang: docs/basic_usage/sampling_params
 - update_weights: the state dict is written to <run_dir>/weights/v<version>, then
   pause (our requests drained by `RequestGate`, then POST /pause_generation
   {"mode": "retract"}), POST /update_weights_from_disk {model_path, weight_version,
-  flush_cache}, POST /continue_generation, in the order `reloadable_server.py` keeps for
+  flush_cache}, POST /continue_generation, in the order `reloadable.py` keeps for
   both servers. Each generation is sampled by one version, the one it started with (see
   vllm.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -43,44 +43,42 @@ from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerProcess, free_port
-from looprl.engines.servers.reloadable import ReloadableServer, ServerCalls, ServerEngine
-from looprl.engines.servers.weight_folder import WeightFolder
-from looprl.types import FinishReason, Generation, SamplingParams
+from looprl.engines.servers.reloadable import ServerCalls, ServerEngine, server_python
+from looprl.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VENV = ".venv-sglang"
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class SGLangEngine(ServerEngine):
-    """Serves `generate` from the SGLang `server`; see the module docstring. Build one
-    with `launch` or `connect`."""
+    """Serves `generate` from an SGLang server; see the module docstring. Build one with
+    `launch_server` or `connect`."""
+
+    kind = "SGLang"
+    generate_path = "/generate"
 
     @classmethod
-    async def launch(
+    async def launch_server(
         cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path, served_name: str
     ) -> SGLangEngine:
         """Write `model`'s weights as version 0 and start an SGLang server on them."""
-        python = Path(cfg.venv or DEFAULT_VENV) / "bin" / "python"
-        if not python.exists():
-            raise EngineError(
-                f"engine.venv={str(python.parent.parent)!r} has no bin/python; create a venv "
-                "with SGLang installed (`pip install sglang`, on a CUDA machine) or point "
-                "engine.venv at one"
+        python = server_python(cfg, DEFAULT_VENV, "pip install sglang")  # on a CUDA machine
+        log_path = Path(run_dir) / "logs" / "sglang-0.log"
+
+        def process_for(model_dir: Path) -> ServerProcess:
+            port = free_port()
+            return ServerProcess(
+                sglang_command(cfg, python, model_dir, port, served_name),
+                url=f"http://127.0.0.1:{port}",
+                log_path=log_path,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                name="SGLang server",
             )
-        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
-        port = free_port()
-        process = ServerProcess(
-            sglang_command(cfg, python, model_dir, port, served_name),
-            url=f"http://127.0.0.1:{port}",
-            log_path=Path(run_dir) / "logs" / "sglang-0.log",
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            name="SGLang server",
-        )
-        log.info("Starting an SGLang server for the engine; its log: %s", process.log_path)
-        return cls(await ReloadableServer.launch(process, weights, _CALLS))
+
+        weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
+        log.info("Starting an SGLang server for the engine; its log: %s", log_path)
+        return cls(await cls.start_server(process_for, weights, model, _CALLS))
 
     @classmethod
     async def connect(
@@ -96,18 +94,10 @@ class SGLangEngine(ServerEngine):
                 f"the SGLang server at {cfg.url} serves {info.get('model_path')!r}, which is "
                 "not a generative model"
             )
-        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        server = ReloadableServer(client, weights, _CALLS)
-        await server.update_weights(model.state_dict(), 0)
-        return cls(server)
+        weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
+        return cls(await cls.attach(client, weights, model, _CALLS))
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
-    ) -> Generation:
-        """Sample a continuation; waits while a weight reload is under way. `session` is
-        not used: the server's own prefix cache finds shared prefixes."""
-        if not prompt_ids:
-            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+    def check_sampling(self, sampling: SamplingParams) -> None:
         if sampling.temperature > 0 and (sampling.top_k or sampling.top_p < 1):
             raise EngineError(
                 f"top_k={sampling.top_k}, top_p={sampling.top_p}: SGLang reports logprobs "
@@ -121,6 +111,8 @@ class SGLangEngine(ServerEngine):
                 "(SGLang honors them only with --enable-deterministic-inference); set "
                 "rollout.seeded=false or use engine.type=vllm"
             )
+
+    def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict:
         params = {
             "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -129,15 +121,42 @@ class SGLangEngine(ServerEngine):
             "no_stop_trim": True,
             "skip_special_tokens": False,
         }
-        body = {
+        return {
             "input_ids": list(prompt_ids),
             "sampling_params": params,
             "return_logprob": True,
             "top_logprobs_num": sampling.top_logprobs,
         }
-        async with self.server.request() as version:
-            reply = await self.server.client.post("/generate", body)
-        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self.url)
+
+    def generation(
+        self, reply: dict, prompt_ids: list[int], version: int, top_logprobs: int
+    ) -> Generation:
+        meta = reply["meta_info"]
+        finish = meta["finish_reason"]
+        finish_reason = self.finish_reason(finish["type"] if finish else "", finish)
+        output_ids = list(reply["output_ids"])
+        # [logprob, token id, text or None] per generated token
+        steps = meta["output_token_logprobs"]
+        if [int(s[1]) for s in steps] != output_ids:
+            raise EngineError(
+                f"the SGLang server at {self.url} returned {len(output_ids)} output ids but "
+                f"logprobs for {len(steps)} other tokens; looprl needs one logprob per output "
+                "token"
+            )
+        top = None
+        if top_logprobs:
+            top = [
+                [(int(t[1]), float(t[0])) for t in step][:top_logprobs]
+                for step in meta["output_top_logprobs"]
+            ]
+        return Generation(
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            logprobs=[float(s[0]) for s in steps],
+            versions=[version] * len(output_ids),
+            finish_reason=finish_reason,
+            top_logprobs=top,
+        )
 
 
 async def _load(client: ServerClient, path: Path, version: int) -> None:
@@ -172,38 +191,3 @@ def sglang_command(
     if cfg.max_model_len is not None:
         cmd += ["--context-length", str(cfg.max_model_len)]
     return cmd + list(cfg.server_args)
-
-
-def _generation(
-    reply: dict, prompt_ids: list[int], version: int, top_logprobs: int, url: str
-) -> Generation:
-    meta = reply["meta_info"]
-    finish = meta["finish_reason"]
-    finish_reason = _FINISH_REASONS.get(finish["type"] if finish else "")
-    if finish_reason is None:
-        raise EngineError(
-            f"the SGLang server at {url} ended a generation with finish_reason={finish!r}; "
-            f"looprl knows {sorted(_FINISH_REASONS)}"
-        )
-    output_ids = list(reply["output_ids"])
-    # [logprob, token id, text or None] per generated token
-    steps = meta["output_token_logprobs"]
-    if [int(s[1]) for s in steps] != output_ids:
-        raise EngineError(
-            f"the SGLang server at {url} returned {len(output_ids)} output ids but logprobs for "
-            f"{len(steps)} other tokens; looprl needs one logprob per output token"
-        )
-    top = None
-    if top_logprobs:
-        top = [
-            [(int(t[1]), float(t[0])) for t in step][:top_logprobs]
-            for step in meta["output_top_logprobs"]
-        ]
-    return Generation(
-        prompt_ids=list(prompt_ids),
-        output_ids=output_ids,
-        logprobs=[float(s[0]) for s in steps],
-        versions=[version] * len(output_ids),
-        finish_reason=finish_reason,
-        top_logprobs=top,
-    )

@@ -1,9 +1,10 @@
 """The vLLM engine: generation and weight reloads through a vLLM server's HTTP API.
 
 Owns: the Engine protocol over a vLLM (0.32) OpenAI-compatible server that looprl
-launched (`launch`: its log in <run_dir>/logs/vllm-0.log) or that already runs
+launched (`launch_server`: its log in <run_dir>/logs/vllm-0.log) or that already runs
 (`connect`). Does not own the server's process (`vllm_server.py`), the weight files
-(`weight_folder.py`) or the order of pause, reload and resume (`reloadable_server.py`).
+(`weight_folder.py`), the order of pause, reload and resume, nor what both servers do
+alike (`reloadable.py`).
 
 - generate: POST /v1/completions with the prompt as token ids, `return_token_ids` and
   `logprobs` (the sampled token's, plus `top_logprobs` more, as `token_id:N` keys).
@@ -27,7 +28,6 @@ launched (`launch`: its log in <run_dir>/logs/vllm-0.log) or that already runs
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -37,28 +37,28 @@ from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerError
-from looprl.engines.servers.reloadable import ReloadableServer, ServerCalls, ServerEngine
+from looprl.engines.servers.reloadable import ServerCalls, ServerEngine, server_python
 from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
-from looprl.engines.servers.weight_folder import WeightFolder
-from looprl.types import FinishReason, Generation, SamplingParams
+from looprl.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VENV = ".venv-vllm"
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMEngine(ServerEngine):
-    """Serves `generate` from the vLLM `server` under `served_name`. Build one with
-    `launch` or `connect`."""
+    """Serves `generate` from a vLLM server under `served_name`. Build one with
+    `launch_server` or `connect`."""
 
-    def __init__(self, server: ReloadableServer, *, served_name: str, max_model_len: int):
+    kind = "vLLM"
+    generate_path = "/v1/completions"
+
+    def __init__(self, server, *, served_name: str):
         super().__init__(server)
         self.served_name = served_name
-        self.max_model_len = max_model_len
 
     @classmethod
-    async def launch(
+    async def launch_server(
         cls,
         cfg: EngineConfig,
         *,
@@ -68,37 +68,38 @@ class VLLMEngine(ServerEngine):
         served_name: str,
         gpus: int,
     ) -> VLLMEngine:
-        """Write `model`'s weights as version 0 and start a server on them (~30 s on CPU
-        with --enforce-eager in engine.server_args, ~100 s compiled)."""
+        """Write `model`'s weights as version 0 and start a vLLM server on them (~30 s on
+        CPU with --enforce-eager in engine.server_args, ~100 s compiled)."""
         python = _python(cfg, gpus)
-        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
-        process = VLLMServer(
-            python,
-            model_dir,
-            Path(run_dir) / "logs" / "vllm-0.log",
-            served_name=served_name,
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            kv_cache_gib=cfg.kv_cache_gib,
-            extra_args=cfg.server_args,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_fraction=cfg.gpu_memory_fraction,
-            attention_backend=cfg.attention_backend,
-            gpus=gpus,
-        ).process
-        log.info("Starting a vLLM server for the engine; its log: %s", process.log_path)
-        server = await ReloadableServer.launch(process, weights, _CALLS)
-        served, max_model_len = await _model_card(server.client)
-        return cls(server, served_name=served, max_model_len=max_model_len)
+        log_path = Path(run_dir) / "logs" / "vllm-0.log"
+
+        def process_for(model_dir: Path):
+            return VLLMServer(
+                python,
+                model_dir,
+                log_path,
+                served_name=served_name,
+                dtype=cfg.dtype,
+                max_model_len=cfg.max_model_len,
+                kv_cache_gib=cfg.kv_cache_gib,
+                extra_args=cfg.server_args,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+                gpu_memory_fraction=cfg.gpu_memory_fraction,
+                attention_backend=cfg.attention_backend,
+                gpus=gpus,
+            ).process
+
+        weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
+        log.info("Starting a vLLM server for the engine; its log: %s", log_path)
+        server = await cls.start_server(process_for, weights, model, _CALLS)
+        return cls(server, served_name=await _served_name(server.client))
 
     @classmethod
     async def connect(
         cls, cfg: EngineConfig, *, model: nn.Module, tokenizer, run_dir: Path
     ) -> VLLMEngine:
         """Use the server at engine.url: check that it can pause and reload and reports
-        the logprobs a Generation needs, then load `model`'s weights into it as version 0
-        (so it may have been started from any checkpoint of the same architecture)."""
+        the logprobs a Generation needs, then load `model`'s weights into it as version 0."""
         assert cfg.url is not None, "connect needs engine.url"
         client = ServerClient(cfg.url, name="vLLM server")
         try:
@@ -117,22 +118,14 @@ class VLLMEngine(ServerEngine):
                     "before temperature/top-k/top-p, not those of the distribution sampled "
                     "from; restart it with --logprobs-mode processed_logprobs"
                 )
-            served, max_model_len = await _model_card(client)
+            served = await _served_name(client)
         except BaseException:
             await client.close()
             raise
-        weights = WeightFolder.for_model(Path(run_dir) / "weights", model, tokenizer, cfg.dtype)
-        server = ReloadableServer(client, weights, _CALLS)
-        await server.update_weights(model.state_dict(), 0)
-        return cls(server, served_name=served, max_model_len=max_model_len)
+        weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
+        return cls(await cls.attach(client, weights, model, _CALLS), served_name=served)
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
-    ) -> Generation:
-        """Sample a continuation; waits while a weight reload is under way. `session` is
-        not used: the server's own prefix cache finds shared prefixes."""
-        if not prompt_ids:
-            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+    def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict:
         body = {
             "model": self.served_name,
             "prompt": list(prompt_ids),
@@ -149,9 +142,34 @@ class VLLMEngine(ServerEngine):
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        async with self.server.request() as version:
-            reply = await self.server.client.post("/v1/completions", body)
-        return _generation(reply, prompt_ids, version, sampling.top_logprobs, self.url)
+        return body
+
+    def generation(
+        self, reply: dict, prompt_ids: list[int], version: int, top_logprobs: int
+    ) -> Generation:
+        choice = reply["choices"][0]
+        output_ids = choice["token_ids"]
+        finish = self.finish_reason(
+            choice["finish_reason"], (choice["finish_reason"], choice.get("stop_reason"))
+        )
+        logprobs = choice["logprobs"]
+        top = None
+        if top_logprobs:
+            top = [
+                sorted(
+                    ((int(key.removeprefix("token_id:")), value) for key, value in step.items()),
+                    key=lambda pair: -pair[1],
+                )[:top_logprobs]
+                for step in logprobs["top_logprobs"]
+            ]
+        return Generation(
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            logprobs=logprobs["token_logprobs"],
+            versions=[version] * len(output_ids),
+            finish_reason=finish,
+            top_logprobs=top,
+        )
 
 
 async def _load(client: ServerClient, path: Path, version: int) -> None:
@@ -174,60 +192,20 @@ _CALLS = ServerCalls(
 
 def _python(cfg: EngineConfig, gpus: int) -> Path:
     """The server's python: engine.venv's; the default venv is created on CPU machines."""
-    venv = Path(cfg.venv or DEFAULT_VENV)
-    python = venv / "bin" / "python"
-    if python.exists():
-        return python
-    if gpus == 0 and cfg.venv is None:
+    if gpus == 0 and cfg.venv is None and not (Path(DEFAULT_VENV) / "bin" / "python").exists():
         try:
-            return ensure_vllm_venv(venv)
+            return ensure_vllm_venv(Path(DEFAULT_VENV))
         except ServerError as e:
             raise EngineError(f"{e}; or give a venv holding vLLM as engine.venv") from e
-    raise EngineError(
-        f"engine.venv={str(venv)!r} has no bin/python; create it with vLLM installed "
-        f"(`python -m venv {venv} && {venv}/bin/pip install vllm`) or point engine.venv "
-        "at one"
-    )
+    return server_python(cfg, DEFAULT_VENV, "pip install vllm")
 
 
-async def _model_card(client: ServerClient) -> tuple[str, int]:
-    """The served model's name and context length, from /v1/models."""
+async def _served_name(client: ServerClient) -> str:
+    """The served model's name, from /v1/models."""
     models = (await client.get("/v1/models"))["data"]
     if len(models) != 1:
         raise EngineError(
             f"the vLLM server at {client.url} serves {len(models)} models "
             f"({[m['id'] for m in models]}); the engine needs exactly one"
         )
-    return models[0]["id"], int(models[0]["max_model_len"])
-
-
-def _generation(
-    reply: dict, prompt_ids: list[int], version: int, top_logprobs: int, url: str
-) -> Generation:
-    choice = reply["choices"][0]
-    output_ids = choice["token_ids"]
-    finish_reason = _FINISH_REASONS.get(choice["finish_reason"])
-    if finish_reason is None:
-        raise EngineError(
-            f"the vLLM server at {url} ended a generation with finish_reason="
-            f"{choice['finish_reason']!r} ({choice.get('stop_reason')!r}); looprl knows "
-            f"{sorted(_FINISH_REASONS)}"
-        )
-    logprobs = choice["logprobs"]
-    top = None
-    if top_logprobs:
-        top = [
-            sorted(
-                ((int(key.removeprefix("token_id:")), value) for key, value in step.items()),
-                key=lambda pair: -pair[1],
-            )[:top_logprobs]
-            for step in logprobs["top_logprobs"]
-        ]
-    return Generation(
-        prompt_ids=list(prompt_ids),
-        output_ids=output_ids,
-        logprobs=logprobs["token_logprobs"],
-        versions=[version] * len(output_ids),
-        finish_reason=finish_reason,
-        top_logprobs=top,
-    )
+    return models[0]["id"]

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -30,7 +28,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from transformers.generation import GenerationConfig
 
-from looprl.models import DTYPES
+from looprl.models import DTYPES, write_model_folder
 
 VERSION_FILE = "version.json"
 
@@ -95,19 +93,14 @@ class WeightFolder:
             name: tensor.detach().to("cpu", self.dtype, copy=True).contiguous()
             for name, tensor in state_dict.items()
         }
-        target = self.path(version)
-        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{target.name}-"))
-        try:
+
+        def fill(tmp: Path) -> None:
             for item in self._files.iterdir():
                 shutil.copy(item, tmp / item.name)
             save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             (tmp / VERSION_FILE).write_text(json.dumps({"version": version}))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+        target = write_model_folder(self.path(version), fill)
         self._prune()
         return target
 

@@ -1,0 +1,96 @@
+"""OpenAI-style errors: `APIError` is answered as {"error": {"message", "type", "param",
+"code"}}; a request that fails validation gets a 400 naming the field (`messages[0]
+.content[1]`) and what it got; the engine's errors become 503s."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from looprl.engines.base import EngineError
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": None}
+        }
+
+
+def _param(loc: tuple) -> str:
+    """`("body", "messages", 0, "content", "list[TextPart]", 1)` -> `messages[0].content[1]`.
+
+    Pydantic names the union member it tried inside `loc` (`str`, `list[TextPart]`,
+    `constrained-str`); those are dropped.
+    """
+    out = ""
+    for part in loc[1:]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("str", "int", "float", "bool") and part.isidentifier():
+            out += f".{part}" if out else part
+    return out
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))  # the deepest is the most specific
+    if err["type"] == "json_invalid":
+        detail = err.get("ctx", {}).get("error", "")
+        return APIError(
+            400, f"request body is not valid JSON: {detail} at character {err['loc'][-1]}"
+        )
+    param = _param(tuple(err["loc"]))
+    got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
+    if len(got) > 200:
+        got = got[:196] + "...)"
+    if not param and err["type"] == "value_error":  # a check across fields of the request
+        return APIError(400, err["msg"].removeprefix("Value error, "))
+    if not param:
+        return APIError(
+            400,
+            "the request body must be a JSON object sent with Content-Type: "
+            f"application/json{got or ' (it is empty)'}",
+        )
+    return APIError(400, f"{param}: {err['msg']}{got}", param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        error = _validation_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            APIError(exc.status_code, str(exc.detail), type=kind).body(),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+
+def unavailable(error: EngineError) -> APIError:
+    message = f"the engine could not serve this request: {error}"
+    return APIError(503, message, type="service_unavailable")
