@@ -8,8 +8,6 @@ config into the run directory. Does not own what any field does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -587,11 +585,6 @@ class Config(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.run.fileroot) / self.run.experiment_name / self.run.trial_name
-
-    def fingerprint(self) -> str:
-        """A short hash of the resolved config, for telling runs apart."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
 
     def save(self, run_dir: Path | None = None) -> Path:
         """Write the resolved config as config.yaml into the run directory."""

@@ -53,8 +53,8 @@ def tiny_model_dir(tmp_path_factory, smol_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    """The tiny model fine-tuned to call a calculator tool (tests/tool_model.py)."""
-    from tests.tool_model import train_tool_model
+    """The tiny model fine-tuned to call a calculator tool (tests/support/tool_model.py)."""
+    from tests.support.tool_model import train_tool_model
 
     return train_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool-llama"))
 

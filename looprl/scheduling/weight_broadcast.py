@@ -2,10 +2,11 @@
 
 Owns: a standalone process group of {trainer rank 0 (rank 0), replicas (ranks 1..N)}
 over its own TCPStore (`weight_sync_group`), the plan that cuts a state dict into
-buckets of one dtype (`plan_buckets`), the sender and receiver of one version
-(`WeightSender.send`, `WeightReceiver.receive`) and a `load` that copies a bucket into a
-model (`apply_to_model`). Does not own when to sync, pausing an engine around the load,
-or telling replicas to call `receive` (the engine adapters and the loop do).
+buckets of one dtype (`plan_buckets`), and the sender and receiver of one version
+(`WeightSender.send`, `WeightReceiver.receive`, which hands each bucket to a `load`; an
+engine replica copies them and loads them with `update_weights`). Does not own when to
+sync, pausing an engine around the load, or telling replicas to call `receive`
+(scheduling/ray.py does).
 
 Why standalone. The trainer rank is already in the default process group (its FSDP
 data-parallel group), and torch.distributed has one default group per process. So the
@@ -47,7 +48,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch._C._distributed_c10d import Backend
 
 BUCKET_BYTES = 32 * 2**20  # gloo on 2 CPU cores: 1-64 MiB alike, 256 MiB 2-3x slower
@@ -273,7 +273,7 @@ class WeightReceiver:
         """Receive one `send`, calling `load(tensors)` once per bucket; return its version.
 
         `tensors` are views into a buffer that the next bucket overwrites: `load` copies
-        them (as `apply_to_model` does) and keeps no reference.
+        them (as an engine replica does) and keeps no reference.
         """
         device = self.group.device
         length = torch.zeros(1, dtype=torch.int64, device=device)
@@ -299,36 +299,6 @@ class WeightReceiver:
                     tensors[alias] = tensors[source]
             load(tensors)
         return version
-
-
-def apply_to_model(model: nn.Module) -> Callable[[dict[str, torch.Tensor]], None]:
-    """A `load` for `WeightReceiver.receive`: copies each tensor, in place, into the
-    parameter or persistent buffer of `model` of that name, cast to its dtype and device.
-
-    Raises ValueError naming a tensor that `model` does not have or that has another
-    shape. Tied names (`lm_head.weight` and `model.embed_tokens.weight`) are both in a
-    Hugging Face model's state dict and are the same tensor: it is written twice.
-    """
-    targets = model.state_dict(keep_vars=True)
-    kind = type(model).__name__
-
-    def load(tensors: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                target = targets.get(name)
-                if target is None:
-                    raise ValueError(
-                        f"weight sync: received {name!r}, which {kind} has no parameter or "
-                        f"buffer of; are trainer and engine the same architecture?"
-                    )
-                if target.shape != tensor.shape:
-                    raise ValueError(
-                        f"weight sync: {name!r} arrived with shape {tuple(tensor.shape)}, "
-                        f"but {kind} has it as {tuple(target.shape)}"
-                    )
-                target.copy_(tensor)
-
-    return load
 
 
 def _untie(state_dict: dict[str, torch.Tensor]) -> tuple[list[str], dict[str, str]]:

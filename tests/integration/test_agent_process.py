@@ -13,7 +13,7 @@ from looprl.config import ConfigError, load_config
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflow import configured_workflow
-from tests.tool_model import greedy_config
+from tests.support.tool_model import greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}
 REPO = Path(__file__).resolve().parents[2]

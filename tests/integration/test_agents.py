@@ -2,7 +2,7 @@
 
 Each calculator agent in examples/calculator (plain `openai`, the OpenAI Agents SDK,
 LangChain) runs through the real controller, gateway and engine on the tool model
-(tests/tool_model.py: a tiny model fine-tuned to call `add`, greedy). Every rollout
+(tests/support/tool_model.py: a tiny model fine-tuned to call `add`, greedy). Every rollout
 is a real round trip: the model's tool call is parsed from its sampled tokens, the
 framework runs the tool and sends the result back as a `role: tool` message, and the
 next call's prompt extends the tokens sampled so far, so the session is one sample.
@@ -17,7 +17,7 @@ from examples.calculator.agent_openai import CalculatorAgent
 from examples.calculator.agent_sdk import CalculatorSDKAgent
 from looprl.models import load_tokenizer
 from looprl.scheduling.single_process import start_single_process
-from tests.tool_model import ANSWER, CALL, greedy_config
+from tests.support.tool_model import ANSWER, CALL, greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}
 

@@ -19,7 +19,7 @@ import yaml
 
 from looprl.config import load_config
 from looprl.types import Trajectory
-from tests.serving import free_port, running_server
+from tests.support.serving import free_port, running_server
 
 ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
 

@@ -26,12 +26,12 @@ from transformers import LlamaForCausalLM
 
 from looprl.config import TrainConfig
 from looprl.models import load_model, load_tokenizer
-from looprl.scheduling.ranks import Rank, launch_ranks
 from looprl.training.batch import TrainBatch, build_batch, micro_batch_indices, split_mini_batches
 from looprl.training.distributed import DataParallelTrainer, balanced_shards
 from looprl.training.trainer import Trainer
 from looprl.types import Trajectory
 from tests.conftest import tiny_llama_config
+from tests.support.ranks import Rank, launch_ranks
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 

@@ -23,7 +23,7 @@ from looprl.engines.servers.sglang import SGLangEngine
 from looprl.gateway import GatewayServer, SessionStore, create_app
 from looprl.models import load_model, load_tokenizer
 from looprl.types import SamplingParams
-from tests.sglang_protocol import sglang_protocol_server
+from tests.support.sglang_protocol import sglang_protocol_server
 
 PROMPT = list(range(100, 110))  # 10 tokens: a request's cost is 10 + max_new_tokens
 

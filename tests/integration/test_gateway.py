@@ -21,8 +21,8 @@ from looprl.config import SamplingConfig
 from looprl.gateway import GatewayServer, SessionHandle
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
-from tests.local_gateway import local_gateway
-from tests.serving import free_port, running_server
+from tests.support.local_gateway import local_gateway
+from tests.support.serving import free_port, running_server
 
 MAX_NEW_TOKENS = 6  # the run's default in these tests: short, so every call is fast
 

@@ -1,6 +1,6 @@
 """OpenAI tool calling through the gateway over real HTTP, with the real `openai` client.
 
-The tool model (tests/tool_model.py: a tiny model fine-tuned to call `add`, greedy)
+The tool model (tests/support/tool_model.py: a tiny model fine-tuned to call `add`, greedy)
 samples real tool calls; the random tiny model samples text that never parses. The
 round trip checks what concatenation depends on: the second call's prompt starts with
 the first call's prompt and sampled tokens, exactly.
@@ -19,8 +19,8 @@ from looprl.config import SamplingConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction
-from tests.local_gateway import local_gateway
-from tests.tool_model import ANSWER, CALL
+from tests.support.local_gateway import local_gateway
+from tests.support.tool_model import ANSWER, CALL
 
 ADD_TWO = {**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "add two"}}
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from looprl.config import DiagnosticsConfig
 from looprl.diagnostics.watchdog import registered
-from looprl.scheduling.ranks import Rank, RankFailed, launch_ranks
+from looprl.scheduling.ranks import RankFailed
+from tests.support.ranks import Rank, launch_ranks
 
 HANG_TIMEOUT_S = 3.0
 DIAGNOSTICS = DiagnosticsConfig(hang_timeout_s=HANG_TIMEOUT_S, collective_timeout_s=60)
@@ -128,7 +129,7 @@ def test_an_exception_on_rank_1_stops_both_with_its_traceback(tmp_path, rank_0_i
 def test_ranks_die_with_their_launcher(tmp_path):
     """SIGKILL to the launcher (no cleanup runs in it) still leaves no rank behind."""
     program = (
-        "from pathlib import Path; from looprl.scheduling.ranks import launch_ranks; "
+        "from pathlib import Path; from tests.support.ranks import launch_ranks; "
         "from tests.integration.test_ranks import sleeping_rank, DIAGNOSTICS; "
         f"launch_ranks(sleeping_rank, 2, run_dir=Path({str(tmp_path)!r}), "
         "diagnostics=DIAGNOSTICS, backend='gloo')"

@@ -1,6 +1,6 @@
 """The SGLang engine adapter against a real loopback server speaking SGLang's protocol.
 
-SGLang itself needs CUDA and cannot run here; `tests/sglang_protocol.py` serves a real
+SGLang itself needs CUDA and cannot run here; `tests/support/sglang_protocol.py` serves a real
 model over SGLang's documented HTTP API (it cites the files followed), and loads the
 weight folders the adapter writes with `from_pretrained`, so a folder that is not a
 complete model fails. Launching a real SGLang server is only checked up to its command
@@ -22,7 +22,7 @@ from looprl.engines.launch import check_placement, start_engine
 from looprl.engines.servers.sglang import SGLangEngine, sglang_command
 from looprl.models import load_model, load_tokenizer
 from looprl.types import SamplingParams
-from tests.sglang_protocol import sglang_protocol_server
+from tests.support.sglang_protocol import sglang_protocol_server
 
 
 @pytest.fixture

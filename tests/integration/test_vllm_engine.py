@@ -34,7 +34,7 @@ from looprl.loop import train
 from looprl.models import load_model, load_tokenizer
 from looprl.training.trainer import Trainer
 from looprl.types import SamplingParams
-from tests.sglang_protocol import sglang_protocol_server
+from tests.support.sglang_protocol import sglang_protocol_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

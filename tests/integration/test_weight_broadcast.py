@@ -27,11 +27,11 @@ from looprl.scheduling.weight_broadcast import (
     WeightReceiver,
     WeightSender,
     WeightSyncError,
-    apply_to_model,
     plan_buckets,
     weight_sync_group,
 )
 from tests.conftest import tiny_llama_config
+from tests.support.weights import apply_to_model
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 20.0

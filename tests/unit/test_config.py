@@ -52,7 +52,6 @@ def test_resolved_config_is_saved_and_reloads_identically(tmp_path):
     assert path == tmp_path / "default" / "trial0" / "config.yaml"
     again = load_config(path)
     assert again == cfg
-    assert again.fingerprint() == cfg.fingerprint()
     assert yaml.safe_load(path.read_text())["train"]["lr"] == 3e-5
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from looprl.scheduling.ranks import first_failure
+from tests.support.ranks import first_failure
 
 ORIGINAL = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: bad row\n'
 PEER = "Traceback (most recent call last):\nRuntimeError: Connection closed by peer\n"

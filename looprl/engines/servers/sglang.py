@@ -5,7 +5,7 @@ Owns: the Engine protocol over an SGLang server that looprl launched on GPUs
 `python -m sglang.launch_server` from engine.venv, default .venv-sglang, its log in
 <run_dir>/logs/sglang-0.log) or that already runs (`connect`). SGLang needs CUDA: on a
 machine without GPUs only `connect` (to a server elsewhere) works. Verified here only
-against a loopback server speaking the same protocol (tests/sglang_protocol.py), not
+against a loopback server speaking the same protocol (tests/support/sglang_protocol.py), not
 against SGLang itself.
 
 The protocol followed, from sgl-project/sglang: docs/basic_usage/sampling_params.md
