@@ -213,6 +213,9 @@ class Saver:
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint
         return (
+            # Early, once: a run that dies in its first minutes resumes instead of starting
+            # over, and a checkpoint that cannot be written (disk full, no permission)
+            # fails then, not only after the first save_every_secs.
             step == 2
             or (every.save_every_steps > 0 and step % every.save_every_steps == 0)
             or (every.save_every_secs > 0 and time.monotonic() - self.last >= every.save_every_secs)

@@ -1,9 +1,10 @@
 """Data-parallel training: the Trainer of one rank, its model sharded by FSDP2.
 
-Owns `DataParallelTrainer`, built in each rank of a `launch_ranks` group (torch.distributed
-initialized: gloo on CPU, NCCL with a GPU per rank), and `balanced_shards`, which rows of
-a mini-batch each rank trains. Does not own launching ranks (scheduling/ranks.py) nor
-giving them their batch.
+Owns `DataParallelTrainer`, built in each trainer rank once torch.distributed is
+initialized (gloo on CPU, NCCL with a GPU per rank; the Ray scheduler's `TrainerRank`
+actors, joined by scheduling/ranks.py's `join_group`), and `balanced_shards`, which rows
+of a mini-batch each rank trains. Does not own starting ranks nor giving them their
+batch (scheduling/ray.py).
 
 Every rank is given the SAME full TrainBatch. Each mini-batch's rows are split into
 token-balanced shards that every rank computes alike, and a rank runs forward and
@@ -86,8 +87,8 @@ class DataParallelTrainer(Trainer):
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
-                "DataParallelTrainer needs torch.distributed initialized: build it inside "
-                "a rank of scheduling.ranks.launch_ranks, or use Trainer in one process"
+                "DataParallelTrainer needs torch.distributed initialized: build it in a "
+                "trainer rank (scheduler.type=ray starts them), or use Trainer in one process"
             )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         # Sharded before Trainer.__init__ builds the optimizer, which must hold the shards.
