@@ -6,7 +6,7 @@ checkpoint (model + AdamW, 1.6 GB for SmolLM2-135M in float32); once written and
 dropped, glibc keeps most of it in the heap (tune_malloc asks it to), until
 `malloc_trim` hands it back. The loop's Saver trims after each checkpoint.
 
-Setup: `launch_ray` with the default model, 2 gloo trainer ranks and 1 local engine
+Setup: `start_ray_actors` with the default model, 2 gloo trainer ranks and 1 local engine
 replica on this machine; the driver's RSS (from /proc) before, after fetching and
 dropping `trainer.state_dict()`, and after `release_free_memory()`.
 
@@ -22,7 +22,7 @@ import tempfile
 
 from looprl.config import load_config
 from looprl.runtime import release_free_memory
-from looprl.scheduling.ray import launch_ray
+from looprl.scheduling.ray import start_ray_actors
 
 
 class Idle:
@@ -41,7 +41,7 @@ async def main() -> None:
         cfg = load_config(
             None, [f"run.fileroot={root}", "scheduler.type=ray", "scheduler.trainer_ranks=2"]
         )
-        async with launch_ray(cfg, Idle()) as parts:
+        async with start_ray_actors(cfg, Idle()) as parts:
             before = rss_gib()
             state = await parts.trainer.state_dict()
             fetched = rss_gib()
