@@ -7,19 +7,22 @@ validation of its own invariants; every other part imports from here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 FinishReason = Literal["stop", "length", "abort"]
+MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (vLLM's threshold)
 
 
 @dataclass
 class SamplingParams:
     """How an engine samples one sequence.
 
-    `temperature == 0` means greedy. `top_k == 0` and `top_p == 1` mean no truncation.
+    A temperature below MIN_TEMPERATURE (0 included) means greedy, as in vLLM: dividing
+    logits by less overflows float32. `top_k == 0` and `top_p == 1` mean no truncation.
     Generation stops at `max_new_tokens`, at any id in `stop_token_ids` (kept in the
     output, as the policy sampled it), or when the decoded text contains one of `stop`
     (the tokens stay in the output; the gateway trims the text it returns).
@@ -37,14 +40,18 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass

@@ -25,6 +25,11 @@ class EngineError(RuntimeError):
     """The engine could not serve this request; the message says why and what to change."""
 
 
+class EngineRequestError(EngineError):
+    """This request cannot be served as asked (a prompt too long, a token id outside the
+    vocabulary, ...): its own fault, failing only it. The gateway answers 400."""
+
+
 class EngineUnavailable(EngineError):
     """The engine cannot serve any request: it was stopped, its process died, or it
     cannot be reached."""

@@ -12,8 +12,14 @@ Routes, each also at plain `/v1/...` without auth or recording when `sessionless
     POST /sessions/{id}/reward
          {"reward": 1.0} | {"rewards": {cid: 1.0}} | {"completion_id": cid, "reward": 1.0}
     GET  /health
-Session routes need `Authorization: Bearer <the session's api_key>`: 401 without it,
-404 for a session that is not open.
+Session routes need `Authorization: Bearer <the session's api_key>`: the same 401 for
+a missing or wrong key and for a session that is not open (so a caller cannot probe
+which sessions exist); keys are compared in constant time.
+
+What one request may ask is bounded (gateway.limits, limits.py): body size (413), JSON
+nesting, messages, stop strings, and n x max_tokens. `top_k` at or beyond the
+vocabulary means no truncation; a temperature below 1e-5 samples greedily (as vLLM).
+A request's own fault is a 4xx naming the field; only the engine's get a 503.
 
 Where it departs from OpenAI:
 - `model` may be any name: agents hardcode model names and there is one policy to
@@ -50,10 +56,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from looprl.config import SamplingConfig
+from looprl.config import LimitsConfig, SamplingConfig
 from looprl.engines.base import Engine, EngineError
+from looprl.gateway import limits as limits_lib
 from looprl.gateway import tools as tools_lib
-from looprl.gateway.errors import APIError, install_error_handlers, unavailable
+from looprl.gateway.errors import APIError, engine_failed, install_error_handlers
 from looprl.gateway.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -81,6 +88,7 @@ def create_app(
     default_sampling: SamplingConfig | None = None,
     max_model_len: int | None = None,
     engine_health: Callable[[], dict[str, Any]] | None = None,
+    limits: LimitsConfig | None = None,
 ) -> FastAPI:
     """The gateway app; `store` is also reachable as `app.state.store`.
 
@@ -89,31 +97,32 @@ def create_app(
     prompts into a 400 naming the field; without it the engine decides. `sessionless`
     adds `/v1/...` routes that need no key and record nothing (`looprl serve`).
     `engine_health`, when given, reports the engine in /health (a pool: its replicas).
+    `limits` bound what one request may ask (LimitsConfig's defaults when None).
     """
     defaults = (default_sampling or SamplingConfig()).model_dump()
-    gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len)
+    limits = limits or LimitsConfig()
+    gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len, limits)
     app = FastAPI(title="looprl gateway")
     app.state.store = store
+    app.add_middleware(
+        limits_lib.RequestLimits,
+        max_request_bytes=limits.max_request_bytes,
+        max_json_depth=limits.max_json_depth,
+    )
     install_error_handlers(app)
 
     def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
         session = store.get(session_id)
-        if session is None:
-            raise APIError(
-                404,
-                f"session {session_id!r} is not open (never opened, or "
-                "closed when its rollout ended)",
-                type="not_found_error",
-            )
         scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            key.strip().encode(), session.api_key.encode()
-        ):
+        # Compared even for an unknown session, so timing does not tell which exist.
+        expected = session.api_key if session is not None else _NO_SESSION_KEY
+        matches = secrets.compare_digest(key.strip().encode(), expected.encode())
+        if session is None or scheme.lower() != "bearer" or not matches:
             raise APIError(
                 401,
-                f"wrong or missing API key for session {session_id!r}: send "
-                "`Authorization: Bearer <api_key>` with the key the session was "
-                "opened with",
+                "this session is not open (never opened, or closed when its rollout "
+                "ended) or the API key is wrong: send `Authorization: Bearer <api_key>` "
+                "with the key the session was opened with",
                 type="authentication_error",
             )
         return session
@@ -145,6 +154,9 @@ def create_app(
     return app
 
 
+_NO_SESSION_KEY = secrets.token_urlsafe(32)  # what a key for an unknown session is compared to
+
+
 class _Gateway:
     """Request handling shared by the session routes and the sessionless ones."""
 
@@ -155,12 +167,15 @@ class _Gateway:
         model_name: str,
         defaults: dict[str, Any],
         max_model_len: int | None,
+        limits: LimitsConfig,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.defaults = defaults
         self.max_model_len = max_model_len
+        self.limits = limits
+        self.vocab_size = len(tokenizer)
         self.native_tools = tools_lib.template_renders_tools(tokenizer.chat_template)
         self.tool_call_errors = 0  # outputs that looked like a tool call but did not parse
 
@@ -194,6 +209,7 @@ class _Gateway:
     # ---- chat ----------------------------------------------------------------------
 
     async def chat(self, request: Request, req: ChatRequest, session: Session | None):
+        limits_lib.check_messages(req.messages, self.limits)
         tools, tool_choice = req.active_tools()
         prefix = tools_lib.forced_prefix(tool_choice)
         prompt_ids = self._chat_prompt(req, tools, prefix, session)
@@ -210,7 +226,9 @@ class _Gateway:
             """The assistant message of one choice, its calls parsed out when tools are on."""
             if not tools:
                 return {"role": "assistant", "content": text}, finish
-            parsed = tools_lib.parse_tool_calls(prefix + text, tool_names, parallel)
+            parsed = tools_lib.parse_tool_calls(
+                prefix + text, tool_names, parallel, self.limits.max_json_depth
+            )
             if parsed.error:
                 self._count_tool_call_error(parsed.error, session)
             if not parsed.tool_calls:
@@ -397,6 +415,7 @@ class _Gateway:
         """One SamplingParams per choice: session overrides > request > defaults."""
         if not prompt_ids:
             raise APIError(400, f"{prompt_field}: the prompt has no tokens", prompt_field)
+        limits_lib.check_stop(req.stop, self.limits)
         requested = {
             "temperature": req.temperature,
             "top_p": req.top_p,
@@ -423,6 +442,9 @@ class _Gateway:
                     prompt_field,
                 )
             fields["max_new_tokens"] = min(fields["max_new_tokens"], room)
+        if fields["top_k"] >= self.vocab_size:  # keeps every token: the same as no top-k
+            fields["top_k"] = 0
+        limits_lib.check_token_budget(req.n or 1, fields["max_new_tokens"], self.limits)
         return [
             SamplingParams(
                 **fields, top_logprobs=top_logprobs, seed=None if seed is None else seed + i
@@ -447,7 +469,7 @@ class _Gateway:
         try:
             gens = await self._generate(request, call, sampling, session)
         except EngineError as e:
-            raise unavailable(e) from None
+            raise engine_failed(e) from None
         if gens is None:
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
@@ -533,7 +555,7 @@ class _Gateway:
                 yield _sse({**header, "choices": [], "usage": call.usage(gens)})
             yield "data: [DONE]\n\n"
         except EngineError as e:
-            yield _sse(unavailable(e).body())
+            yield _sse(engine_failed(e).body())
         finally:
             for task in tasks:
                 if task.done() and not task.cancelled():

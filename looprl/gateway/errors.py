@@ -1,10 +1,13 @@
 """OpenAI-style errors: `APIError` is answered as {"error": {"message", "type", "param",
 "code"}}; a request that fails validation gets a 400 naming the field (`messages[0]
-.content[1]`) and what it got; the engine's errors become 503s."""
+.content[1]`) and what it got; an engine's refusal of the request itself
+(EngineRequestError) a 400, its other errors 503s, and anything unexpected a logged 500
+that says where to look."""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,7 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineRequestError
+
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -81,6 +86,17 @@ def install_error_handlers(app: FastAPI) -> None:
         error = _validation_error(exc)
         return JSONResponse(error.body(), status_code=error.status)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error(
+            "The gateway failed on %s %s (a bug in looprl: please report it with this traceback)",
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
+        message = f"internal error ({type(exc).__name__}); the gateway's log has the traceback"
+        return JSONResponse(APIError(500, message, type="server_error").body(), status_code=500)
+
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -91,6 +107,9 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
-def unavailable(error: EngineError) -> APIError:
+def engine_failed(error: EngineError) -> APIError:
+    """400 when the engine refused the request itself, else 503."""
+    if isinstance(error, EngineRequestError):
+        return APIError(400, f"the engine refused this request: {error}")
     message = f"the engine could not serve this request: {error}"
     return APIError(503, message, type="service_unavailable")

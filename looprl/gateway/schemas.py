@@ -90,8 +90,8 @@ class SamplingRequest(BaseModel):
 
     model: str | None = None
     n: int | None = Field(None, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     stop: StopString | list[StopString] | None = None

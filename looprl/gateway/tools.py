@@ -36,6 +36,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.gateway.limits import loads_bounded
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
@@ -144,8 +146,11 @@ class ParsedOutput:
     error: str | None = None
 
 
-def parse_tool_calls(text: str, tool_names: set[str], parallel: bool = True) -> ParsedOutput:
-    """Parse the calls in `text`; `parallel=False` keeps only the first."""
+def parse_tool_calls(
+    text: str, tool_names: set[str], parallel: bool = True, max_json_depth: int = 64
+) -> ParsedOutput:
+    """Parse the calls in `text`; `parallel=False` keeps only the first. A call nesting
+    JSON deeper than `max_json_depth` is not parsed (an error, like invalid JSON)."""
     spans = list(_CALL_SPAN.finditer(text))
     if not spans:
         return ParsedOutput(content=text)
@@ -153,8 +158,8 @@ def parse_tool_calls(text: str, tool_names: set[str], parallel: bool = True) -> 
     for span in spans:
         body = span.group(1).strip()
         try:
-            value = json.loads(body)
-        except json.JSONDecodeError as e:
+            value = loads_bounded(body, max_json_depth)
+        except ValueError as e:  # json.JSONDecodeError is one
             return ParsedOutput(text, error=f"a tool call is not valid JSON ({e}): {body[:80]!r}")
         for item in value if isinstance(value, list) else [value]:
             call, error = _call(item, tool_names)

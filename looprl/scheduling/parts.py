@@ -112,6 +112,7 @@ async def gateway_and_controller(
         default_sampling=cfg.sampling,
         max_model_len=cfg.engine.max_model_len or context_length(cfg.model.path),
         engine_health=engine_health,
+        limits=cfg.gateway.limits,
     )
     server = GatewayServer(app, host=cfg.gateway.host, port=cfg.gateway.port)
     await server.start()

@@ -8,6 +8,7 @@ ids, logprobs and versions checked here are the ones the engine sampled.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +19,9 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from looprl.config import SamplingConfig
-from looprl.gateway import GatewayServer, SessionHandle
+from looprl.engines.base import EngineUnavailable
+from looprl.engines.local import LocalEngine
+from looprl.gateway import GatewayServer, SessionHandle, SessionStore, create_app
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
 from tests.support.local_gateway import local_gateway
@@ -260,24 +263,35 @@ async def test_completions_with_token_ids_and_text(server, tiny):
 # ---- sessions, auth, rewards -----------------------------------------------------------
 
 
-async def test_wrong_key_is_401_and_unknown_or_closed_session_404(server):
+async def test_unknown_session_and_wrong_key_get_the_same_401(server):
+    """A caller cannot tell an open session from one that does not exist."""
     handle = server.open_session()
-    wrong = SessionHandle(handle.id, handle.base_url, "not-the-key")
-    async with _client(wrong) as client:
-        with pytest.raises(openai.AuthenticationError, match="wrong or missing API key"):
-            await client.chat.completions.create(model="m", messages=USER)
+    other = server.open_session()
+    cases = {
+        "wrong key": SessionHandle(handle.id, handle.base_url, "not-the-key"),
+        "another session's key": SessionHandle(handle.id, handle.base_url, other.api_key),
+        "unknown session": SessionHandle("nope", f"{server.url}/sessions/nope/v1", handle.api_key),
+    }
+    answers = {}
     async with httpx.AsyncClient() as http:
+        for name, h in cases.items():
+            auth = {"Authorization": f"Bearer {h.api_key}"}
+            r = await http.post(
+                f"{h.base_url}/chat/completions", json={"messages": USER}, headers=auth
+            )
+            answers[name] = (r.status_code, r.json())
         no_key = await http.post(f"{handle.base_url}/chat/completions", json={"messages": USER})
-    assert no_key.status_code == 401
-    assert no_key.json()["error"]["type"] == "authentication_error"
+    answers["no key"] = (no_key.status_code, no_key.json())
+    assert len({json.dumps(a, sort_keys=True) for a in answers.values()}) == 1, answers
+    status, body = answers["unknown session"]
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    assert "not open" in body["error"]["message"] and "Bearer" in body["error"]["message"]
 
-    unknown = SessionHandle("nope", f"{server.url}/sessions/nope/v1", handle.api_key)
-    async with _client(unknown) as client:
-        with pytest.raises(openai.NotFoundError, match="'nope' is not open"):
-            await client.chat.completions.create(model="m", messages=USER)
+    async with _client(handle) as client:
+        assert (await client.models.list()).data[0].id == "tiny"  # the right key works
     server.close_session(handle.id)
     async with _client(handle) as client:
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.AuthenticationError, match="not open"):
             await client.models.list()
     assert server.store.get(handle.id) is None
 
@@ -396,11 +410,24 @@ async def test_bad_requests_get_400_naming_the_field_and_the_server_keeps_servin
     assert len(server.store.get(handle.id).interactions) == 1
 
 
-async def test_engine_errors_are_503_with_the_engine_message(tiny):
-    async with _gateway(tiny, max_model_len=None) as server:  # too-long prompts reach the engine
+async def test_engine_refusal_is_400_and_a_stopped_engine_503(tiny):
+    """A request the engine cannot serve is the request's fault (400, the engine's reason);
+    an engine that cannot serve anything is not (503)."""
+    model, tokenizer = tiny
+    engine = LocalEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode, dtype="float32"
+    )
+    app = create_app(  # no max_model_len: too-long prompts reach the engine
+        engine,
+        tokenizer,
+        model_name="tiny",
+        store=SessionStore(),
+        default_sampling=SamplingConfig(max_new_tokens=MAX_NEW_TOKENS),
+    )
+    async with GatewayServer(app) as server:
         handle = server.open_session()
         async with _client(handle) as client:
-            with pytest.raises(openai.InternalServerError, match="max_position_embeddings"):
+            with pytest.raises(openai.BadRequestError, match="max_position_embeddings"):
                 await client.completions.create(model="m", prompt=[42] * 1024)
             stream = await client.completions.create(
                 model="m", prompt=[42] * 1024, stream=True, n=2
@@ -408,8 +435,18 @@ async def test_engine_errors_are_503_with_the_engine_message(tiny):
             with pytest.raises(openai.APIError, match="max_position_embeddings"):
                 _ = [c async for c in stream]
             ok = await client.completions.create(model="m", prompt=[42] * 8)
-        assert len(ok.choices[0].token_ids) == MAX_NEW_TOKENS
-        assert len(server.store.get(handle.id).interactions) == 1
+            assert len(ok.choices[0].token_ids) == MAX_NEW_TOKENS
+            assert len(server.store.get(handle.id).interactions) == 1
+            # A LocalEngine restarts on the next call; one whose process died would not.
+            await engine.stop()
+            engine.generate = _dead_engine
+            with pytest.raises(openai.InternalServerError, match="stopped") as raised:
+                await client.completions.create(model="m", prompt=[42] * 8)
+            assert raised.value.status_code == 503
+
+
+async def _dead_engine(*args, **kwargs):
+    raise EngineUnavailable("the engine's process stopped")
 
 
 # ---- sessionless serving -------------------------------------------------------------

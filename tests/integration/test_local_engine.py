@@ -503,3 +503,69 @@ async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
     for gen in [*gens, *sampled]:
         expected = teacher_forced_logprobs(tiny_model, gen)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
+
+
+# ---- one request's fault fails that request only ----------------------------------------
+
+
+def _poison(runner, method: str, poisoned: list[int], monkeypatch, fault: str) -> None:
+    """Make `runner.method` fail (fault "raise") or return NaN logits (fault "nan") for
+    any row whose sequence starts with `poisoned`: a fault no valid input reaches, to
+    test what the engine does when one happens anyway."""
+    real = getattr(runner, method)
+
+    def forward(sequences, *args, **kwargs):
+        hit = [i for i, seq in enumerate(sequences) if seq[: len(poisoned)] == poisoned]
+        if hit and fault == "raise":
+            raise RuntimeError("poisoned row")
+        logits = real(sequences, *args, **kwargs)
+        if hit:
+            logits[hit] = float("nan")
+        return logits
+
+    monkeypatch.setattr(runner, method, forward)
+
+
+@pytest.mark.parametrize("fault", ["raise", "nan"])
+async def test_a_failing_row_fails_only_its_request(tiny_engine, prompts, monkeypatch, fault):
+    sampling = [SamplingParams(max_new_tokens=8, seed=10 + i) for i in range(3)]
+    alone = [await tiny_engine.generate(p, s) for p, s in zip(prompts[:3], sampling, strict=True)]
+    _poison(tiny_engine._runner, "prefill", prompts[1], monkeypatch, fault)
+    # The first request is already decoding when the poisoned one joins the batch.
+    first = asyncio.create_task(tiny_engine.generate(prompts[0], sampling[0]))
+    while not tiny_engine._rows:
+        await asyncio.sleep(0.001)
+    results = await asyncio.gather(
+        first,
+        tiny_engine.generate(prompts[1], sampling[1]),
+        tiny_engine.generate(prompts[2], sampling[2]),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], EngineError), results[1]
+    assert not isinstance(results[1], EngineUnavailable)
+    assert ("poisoned row" if fault == "raise" else "not finite") in str(results[1])
+    for i in (0, 2):  # the others finish with what they sample alone (seeded)
+        assert isinstance(results[i], Generation), results[i]
+        assert results[i].output_ids == alone[i].output_ids
+        assert results[i].logprobs == pytest.approx(alone[i].logprobs, abs=1e-5)
+
+
+async def test_extreme_sampling_values_share_a_batch(tiny_engine, prompts):
+    """top_k of 2**63 overflowed the engine's tensors and a temperature of 1e-40 turned
+    logits to inf (NaN logprobs); both failed every request in the batch."""
+    plain = SamplingParams(max_new_tokens=6, seed=3)
+    huge_k = SamplingParams(max_new_tokens=6, seed=3, top_k=2**63)
+    tiny_t = SamplingParams(max_new_tokens=6, temperature=1e-40, top_logprobs=2)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, top_logprobs=2)
+    reference = await generate_all(tiny_engine, [prompts[0], prompts[1]], plain)
+    greedy_gen = await tiny_engine.generate(prompts[2], greedy)
+    gens = await asyncio.gather(
+        tiny_engine.generate(prompts[0], plain),
+        tiny_engine.generate(prompts[1], huge_k),
+        tiny_engine.generate(prompts[2], tiny_t),
+    )
+    assert gens[0].output_ids == reference[0].output_ids
+    assert gens[1].output_ids == reference[1].output_ids  # top_k beyond the vocabulary: none
+    assert gens[2].output_ids == greedy_gen.output_ids
+    assert gens[2].logprobs == pytest.approx(greedy_gen.logprobs, abs=1e-5)
+    assert all(torch.isfinite(torch.tensor(g.logprobs)).all() for g in gens)

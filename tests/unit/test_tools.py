@@ -1,5 +1,6 @@
 import json
 
+from looprl.gateway.limits import nesting_depth
 from looprl.gateway.tools import (
     TOOLS_PROMPT,
     forced_prefix,
@@ -110,3 +111,19 @@ def test_forced_prefixes_and_template_detection():
     assert not template_renders_tools("{{ message['content'] }}") and not template_renders_tools(
         None
     )
+
+
+def test_a_call_nesting_thousands_deep_is_an_error_not_a_recursion():
+    deep = "[" * 5000 + "]" * 5000
+    parsed = parse_tool_calls(f"<tool_call>\n{deep}\n</tool_call>", {"f"}, max_json_depth=64)
+    assert parsed.tool_calls == [] and parsed.content.startswith("<tool_call>")
+    assert "deeper than 64" in parsed.error
+    shallow = '<tool_call>{"name": "f", "arguments": {"a": [[1]]}}</tool_call>'
+    assert parse_tool_calls(shallow, {"f"}, max_json_depth=4).tool_calls
+    assert "deeper than 3" in parse_tool_calls(shallow, {"f"}, max_json_depth=3).error
+
+
+def test_nesting_depth_ignores_brackets_inside_strings():
+    assert nesting_depth('{"a": "[[[{{{", "b": [1, {"c": "\\"]]"}]}') == 3
+    assert nesting_depth("[]") == 1 and nesting_depth("42") == 0
+    assert nesting_depth(b"[" * 2000 + b"]" * 2000) == 2000

@@ -28,10 +28,16 @@ Concurrency contract:
   (`bench/engine_choices.py`).
 - `update_weights` and `pause` take the same lock, so they never overlap a forward:
   weights change and decoding halts exactly at a step boundary.
-- A failing step fails every running and waiting request with EngineError chained to
-  the cause, and the task goes on serving new requests. `stop()` waits for the step in
-  flight, cancels the task, and fails every request left with EngineUnavailable (as
-  does the task ending any other way).
+- One request's fault fails that request only. `generate` refuses what the engine
+  cannot serve (EngineRequestError) before it joins the batch; a row whose logits come
+  out non-finite fails alone; and when a step raises, each of its rows is run again
+  alone (prefill and sample) to find the ones that fail by themselves: those fail, the
+  others go back to the front of the queue and resume from their tokens so far. A step
+  that fails again with no row to blame is the engine's fault: every running and
+  waiting request fails with EngineError chained to the cause, and the task goes on
+  serving new requests. `stop()` waits for the step in flight, cancels the task, and
+  fails every request left with EngineUnavailable (as does the task ending any other
+  way).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from transformers import PreTrainedModel
 
 from looprl.config import EngineConfig
 from looprl.diagnostics.oom import oom_phase
-from looprl.engines.base import EngineError, EngineUnavailable
+from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.local.fused import unsupported_reason
 from looprl.engines.local.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
@@ -179,6 +185,7 @@ class LocalEngine:
         self._rows: list[_Request] = []
         self._last_tokens = torch.zeros(0, dtype=torch.long)  # (B,) next decode input
         self._cache_is_stale = False  # set by update_weights: recompute before decoding
+        self._unexplained_failures = 0  # failed steps in a row with no request to blame
 
     @classmethod
     def from_config(cls, model_path: str, cfg: EngineConfig) -> LocalEngine:
@@ -265,30 +272,32 @@ class LocalEngine:
 
     def _validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
         if not prompt_ids:
-            raise EngineError("prompt_ids is empty; the engine needs at least one prompt token")
+            raise EngineRequestError(
+                "prompt_ids is empty; the engine needs at least one prompt token"
+            )
         bad = [i for i in prompt_ids if not 0 <= i < self._vocab_size]
         if bad:
-            raise EngineError(
+            raise EngineRequestError(
                 f"prompt_ids holds {bad[0]}, outside the model's vocabulary [0, "
                 f"{self._vocab_size}); tokenize with the model's own tokenizer"
             )
         total = len(prompt_ids) + sampling.max_new_tokens
         if total > self._max_positions:
-            raise EngineError(
+            raise EngineRequestError(
                 f"prompt of {len(prompt_ids)} tokens + max_new_tokens="
                 f"{sampling.max_new_tokens} = {total} exceeds the model's "
                 f"max_position_embeddings={self._max_positions}; shorten the prompt or "
                 "lower max_new_tokens"
             )
         if total > self._max_tokens_per_batch:
-            raise EngineError(
+            raise EngineRequestError(
                 f"prompt of {len(prompt_ids)} tokens + max_new_tokens="
                 f"{sampling.max_new_tokens} = {total} exceeds the engine's KV budget "
                 f"max_tokens_per_batch={self._max_tokens_per_batch}; raise "
                 "engine.max_tokens_per_batch or lower max_new_tokens"
             )
         if sampling.stop and self._decode is None:
-            raise EngineError(
+            raise EngineRequestError(
                 f"stop={sampling.stop!r} needs text, but this engine has no decode "
                 "function; build it with decode=tokenizer.decode (from_config does)"
             )
@@ -305,13 +314,18 @@ class LocalEngine:
                 try:
                     async with self._model_lock:
                         new = self._admit()
-                        with oom_phase("generation", self._memory_settings):
-                            finished = self._step(new, self._version)
+                        try:
+                            with oom_phase("generation", self._memory_settings):
+                                finished = self._step(new, self._version)
+                            self._unexplained_failures = 0
+                        except Exception as e:
+                            finished = []
+                            self._isolate(e)
                     for request in finished:
                         if not request.future.done():
                             request.future.set_result(request.generation())
                 except Exception as e:
-                    log.exception("The local engine failed a step; failing its requests")
+                    log.exception("The local engine failed a step; failing every request")
                     self._fail_all(e)
                 await asyncio.sleep(0)  # let callers, HTTP handlers and workflows run
         finally:
@@ -358,6 +372,64 @@ class LocalEngine:
                 error.__cause__ = cause
             request.future.set_exception(error)
 
+    @torch.inference_mode()
+    def _isolate(self, cause: Exception) -> None:
+        """After a step raised `cause`: run each of its rows alone to find those that fail
+        by themselves and fail only them; the others wait at the front of the queue and
+        resume from their tokens so far. Raises `cause` when no row is to blame twice in
+        a row (the engine itself is failing)."""
+        rows = [r for r in self._rows if not r.future.done()]
+        self._reset_batch()
+        self._cache_is_stale = False  # every row is prefilled again from its tokens
+        blamed, survivors = 0, []
+        for request in rows:
+            # The trial draws are put back: a seeded request samples as if nothing failed.
+            generators = [g for g in (self._generator, request.generator) if g is not None]
+            states = [g.get_state() for g in generators]
+            try:
+                self._runner.reset()
+                logits = self._runner.prefill(
+                    [request.prompt_ids + request.output_ids], [request.reserved_tokens]
+                )
+                self._sample(logits, [request])
+            except Exception as e:
+                blamed += 1
+                error = EngineError(
+                    "this request fails the engine's forward or sampling even alone: "
+                    f"{type(e).__name__}: {e}"
+                )
+                error.__cause__ = e
+                request.future.set_exception(error)
+            else:
+                survivors.append(request)
+            finally:
+                for generator, state in zip(generators, states, strict=True):
+                    generator.set_state(state)
+        self._runner.reset()
+        self._waiting.extendleft(reversed(survivors))
+        if blamed:
+            self._unexplained_failures = 0
+            log.warning(
+                "The local engine's step failed (%s: %s); %d of its %d requests fail alone "
+                "and were failed, the other %d go on",
+                type(cause).__name__,
+                cause,
+                blamed,
+                len(rows),
+                len(survivors),
+            )
+            return
+        self._unexplained_failures += 1
+        if self._unexplained_failures > 1:
+            raise cause
+        log.warning(
+            "The local engine's step failed (%s: %s) but each of its %d requests runs alone; "
+            "trying them again",
+            type(cause).__name__,
+            cause,
+            len(rows),
+        )
+
     def _reset_batch(self) -> None:
         self._rows = []
         self._runner.reset()
@@ -374,7 +446,7 @@ class LocalEngine:
         from exactly that version's policy (as in AReaL's interruptible generation).
         """
         running = self._rows
-        self._rows = running + new  # first, so a failing forward fails these callers too
+        self._rows = running + new  # first, so a failing step's _isolate sees these rows too
         if not self._rows:
             return []
         parts = []
@@ -387,11 +459,22 @@ class LocalEngine:
             sequences = [r.prompt_ids + r.output_ids for r in new]
             parts.append(self._runner.prefill(sequences, [r.reserved_tokens for r in new]))
         logits = torch.cat(parts)
-        tokens, logprobs, top = self._sample(logits)
+        tokens, logprobs, top = self._sample(logits, self._rows)
+        finite = torch.isfinite(logprobs).tolist()
         finished, keep = [], []
         for i, (request, token, logprob) in enumerate(
             zip(self._rows, tokens.tolist(), logprobs.tolist(), strict=True)
         ):
+            if not finite[i]:  # this row's logits hold NaN or inf: it alone fails
+                if not request.future.done():
+                    request.future.set_exception(
+                        EngineError(
+                            f"the model's logits for this request were not finite at output "
+                            f"token {len(request.output_ids)} (logprob {logprob}); the other "
+                            "requests in the batch go on"
+                        )
+                    )
+                continue
             request.output_ids.append(token)
             request.logprobs.append(logprob)
             request.versions.append(version)
@@ -404,30 +487,35 @@ class LocalEngine:
             else:
                 keep.append(i)
         self._last_tokens = tokens
-        if finished:
+        if len(keep) < len(self._rows):
             self._rows = [self._rows[i] for i in keep]
             self._last_tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
             self._runner.keep(keep)
         return finished
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
-        """Pick one token per row under that row's params; logits are (B, V) float32.
+    def _sample(
+        self, logits: torch.Tensor, rows: list[_Request]
+    ) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Pick one token per row of `rows` under its params; logits are (B, V) float32.
 
         Temperature, then top-k, then top-p define the distribution sampled from, and
         the reported logprob is under exactly that distribution. Greedy rows
-        (temperature 0) take the argmax and report the untempered log-softmax. Draws
+        (SamplingParams.greedy) take the argmax and report the untempered log-softmax;
+        top_k beyond the vocabulary keeps every token. Draws
         use the inverse CDF with one uniform per row (torch.multinomial draws one
         exponential per vocabulary entry: 40% of a CPU decode step).
         Returns tokens (B,), logprobs (B,) and per row the top (id, logprob) pairs.
         """
-        params = [r.sampling for r in self._rows]
-        device = logits.device
-        greedy = torch.tensor([p.temperature == 0 for p in params], device=device)
-        temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
-        top_k = torch.tensor([0 if p.temperature == 0 else p.top_k for p in params], device=device)
-        top_p = torch.tensor(
-            [1.0 if p.temperature == 0 else p.top_p for p in params], device=device
+        params = [r.sampling for r in rows]
+        device, vocab = logits.device, logits.shape[-1]
+        greedy = torch.tensor([p.greedy for p in params], device=device)
+        temperature = torch.tensor(
+            [1.0 if p.greedy else p.temperature for p in params], device=device
         )
+        top_k = torch.tensor(
+            [0 if p.greedy or p.top_k >= vocab else p.top_k for p in params], device=device
+        )
+        top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=device)
 
         x = logits
         if bool((temperature != 1).any()):
@@ -439,7 +527,7 @@ class LocalEngine:
         probs = x.softmax(dim=-1)  # (B, V)
 
         uniform = torch.rand(len(params), generator=self._generator)
-        for i, request in enumerate(self._rows):
+        for i, request in enumerate(rows):
             if request.generator is not None:  # seeded: independent of the batch around it
                 uniform[i] = torch.rand((), generator=request.generator)
         cdf = probs.cumsum(dim=-1)  # (B, V)
