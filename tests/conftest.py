@@ -14,6 +14,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.models import default_model_dir, load_model, load_tokenizer
 
+SLOW_TIMEOUT_S = 1200  # pyproject's `timeout` (300 s) is for the others
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
 
 @pytest.fixture(scope="session")
 def smol_model_dir() -> Path:

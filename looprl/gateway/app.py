@@ -62,10 +62,15 @@ from looprl.gateway import limits as limits_lib
 from looprl.gateway import tools as tools_lib
 from looprl.gateway.errors import APIError, engine_failed, install_error_handlers
 from looprl.gateway.schemas import (
+    ChatCompletion,
     ChatRequest,
+    Completion,
     CompletionRequest,
+    ModelList,
     RewardRequest,
+    RewardResponse,
     SamplingRequest,
+    documented,
 )
 from looprl.gateway.sessions import Session, SessionStore, sampling_fields
 from looprl.types import Generation, Interaction, SamplingParams
@@ -131,7 +136,7 @@ def create_app(
     if sessionless:
         app.include_router(gateway.router(lambda: None), prefix="/v1")
 
-    @app.post("/sessions/{session_id}/reward")
+    @app.post("/sessions/{session_id}/reward", responses=documented(RewardResponse, 400, 401, 413))
     async def post_reward(body: RewardRequest, session: Session = Depends(session_for)) -> dict:
         try:
             session.post_reward(body.value())
@@ -183,17 +188,23 @@ class _Gateway:
         router = APIRouter()
         session_dep = Depends(get_session)
 
-        @router.post("/chat/completions")
+        @router.post(
+            "/chat/completions",
+            responses=documented(ChatCompletion, 400, 401, 404, 413, 503, stream=True),
+        )
         async def chat(request: Request, req: ChatRequest, session: Session | None = session_dep):
             return await self.chat(request, req, session)
 
-        @router.post("/completions")
+        @router.post(
+            "/completions",
+            responses=documented(Completion, 400, 401, 404, 413, 503, stream=True),
+        )
         async def completions(
             request: Request, req: CompletionRequest, session: Session | None = session_dep
         ):
             return await self.complete(request, req, session)
 
-        @router.get("/models")
+        @router.get("/models", responses=documented(ModelList, 401))
         async def models(_: Session | None = session_dep) -> dict:
             card = {
                 "id": self.model_name,
@@ -296,7 +307,17 @@ class _Gateway:
         text += prefix
         known_ids, known_text = self._sampled_prefix(text, session)
         rest = text[len(known_text) :]
-        return known_ids + list(self.tokenizer(rest, add_special_tokens=False).input_ids)
+        return known_ids + self._tokenize(rest, "messages", add_special_tokens=False)
+
+    def _tokenize(self, text: str, field: str, **kwargs: Any) -> list[int]:
+        """Token ids of `text`; a 400 naming `field` for text no tokenizer takes (a lone
+        surrogate somewhere the schema does not check, e.g. inside tool parameters)."""
+        try:
+            return list(self.tokenizer(text, **kwargs).input_ids)
+        except (TypeError, UnicodeEncodeError) as e:
+            raise APIError(
+                400, f"{field}: the tokenizer cannot encode this text ({e})", field
+            ) from None
 
     def _sampled_prefix(self, text: str, session: Session | None) -> tuple[list[int], str]:
         """The token ids of the session's latest call (prompt + sampled output) whose text
@@ -346,7 +367,7 @@ class _Gateway:
 
     async def complete(self, request: Request, req: CompletionRequest, session: Session | None):
         if isinstance(req.prompt, str):
-            prompt_ids = list(self.tokenizer(req.prompt).input_ids)
+            prompt_ids = self._tokenize(req.prompt, "prompt")
         else:
             prompt_ids = req.prompt
             vocab = len(self.tokenizer)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from looprl.engines.base import EngineError, EngineRequestError
+from looprl.gateway.schemas import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,17 @@ def _param(loc: tuple) -> str:
     """`("body", "messages", 0, "content", "list[TextPart]", 1)` -> `messages[0].content[1]`.
 
     Pydantic names the union member it tried inside `loc` (`str`, `list[TextPart]`,
-    `constrained-str`); those are dropped.
+    `constrained-str`, a message's role); those are dropped.
     """
-    out = ""
+    out, after_index = "", False
     for part in loc[1:]:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif after_index and part in ROLES:  # the member of the messages' union by role
+            pass
         elif part not in ("str", "int", "float", "bool") and part.isidentifier():
             out += f".{part}" if out else part
+        after_index = isinstance(part, int)
     return out
 
 
@@ -62,6 +66,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
             400, f"request body is not valid JSON: {detail} at character {err['loc'][-1]}"
         )
     param = _param(tuple(err["loc"]))
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a message's role
+        param += "." + err["ctx"]["discriminator"].strip("'")
     got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
     if len(got) > 200:
         got = got[:196] + "...)"

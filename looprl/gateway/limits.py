@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from looprl.config import LimitsConfig
 from looprl.gateway.errors import APIError
+from looprl.gateway.schemas import AssistantMessage, ChatMessage
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
@@ -114,7 +115,7 @@ class RequestLimits:
         await send({"type": "http.response.body", "body": body})
 
 
-def check_messages(messages: list, limits: LimitsConfig) -> None:
+def check_messages(messages: list[ChatMessage], limits: LimitsConfig) -> None:
     """At most `max_messages`; each tool call's arguments parse within the depth limit."""
     if len(messages) > limits.max_messages:
         raise APIError(
@@ -124,6 +125,8 @@ def check_messages(messages: list, limits: LimitsConfig) -> None:
             "messages",
         )
     for i, message in enumerate(messages):
+        if not isinstance(message, AssistantMessage):
+            continue
         for j, call in enumerate(message.tool_calls or []):
             arguments = call.function.arguments
             if nesting_depth(arguments) > limits.max_json_depth:

@@ -5,21 +5,36 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 MAX_N = 128  # choices per request: bounds the work one request can queue
 
-StopString = Annotated[str, Field(min_length=1)]
+
+def _unicode(text: str) -> str:
+    """JSON may escape half a surrogate pair (\\ud800); such text is not Unicode and no
+    tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"the text holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
+            "which is not Unicode: send UTF-8 text"
+        ) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+StopString = Annotated[Text, Field(min_length=1)]
 
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ToolCallFunction(BaseModel):
     name: str
-    arguments: str
+    arguments: Text
 
 
 class ToolCall(BaseModel):
@@ -28,19 +43,10 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+class _Message(BaseModel):
+    """What every chat message has; the subclasses say which fields each role needs."""
 
-    @model_validator(mode="after")
-    def _has_content(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs the tool_call_id it answers")
-        return self
+    content: Text | list[TextPart] | None
 
     def text(self) -> str:
         if self.content is None:
@@ -52,17 +58,58 @@ class ChatMessage(BaseModel):
     def for_template(self) -> dict[str, Any]:
         """The message as the chat template and tools.render_messages take it."""
         role = "system" if self.role == "developer" else self.role
-        out: dict[str, Any] = {"role": role, "content": self.text()}
+        return {"role": role, "content": self.text()}
+
+
+Content = Text | list[TextPart]
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"]
+    content: Content
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        out = super().for_template()
         if self.tool_calls:
             out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
         return out
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+    def for_template(self) -> dict[str, Any]:
+        return {**super().for_template(), "tool_call_id": self.tool_call_id}
+
+
+ChatMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class FunctionDefinition(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
+    description: Text | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
@@ -134,7 +181,10 @@ class ChatRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[Annotated[int, Field(ge=0)]]
+    prompt: (
+        Annotated[Text, Field(min_length=1)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    )
     logprobs: int | None = Field(None, ge=0, le=20)
 
 
@@ -160,3 +210,143 @@ class RewardRequest(BaseModel):
         if self.completion_id is not None:
             return {self.completion_id: self.reward}
         return self.reward
+
+
+# ---- responses: what the routes answer, as documented in the OpenAPI schema ----------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+ResponseFinishReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: ResponseFinishReason
+    token_ids: list[int]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: ResponseFinishReason
+    token_ids: list[int]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    prompt_token_ids: list[int]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class RewardResponse(BaseModel):
+    session_id: str
+    reward: float | dict[str, float] | None
+
+
+def documented(model: type[BaseModel] | None, *statuses: int, stream: bool = False) -> dict:
+    """FastAPI `responses=` for a route answering `model` (200) or an ErrorResponse at
+    each of `statuses`; `stream` adds text/event-stream to the 200."""
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorResponse, "description": ERROR_STATUSES[status]}
+        for status in statuses
+    }
+    if model is not None:
+        out[200] = {"model": model, "description": "OK"}
+        if stream:
+            # One event per chunk: `data` holds a JSON chunk, or "[DONE]" at the end.
+            event = {
+                "type": "object",
+                "properties": {"data": {"type": "string"}},
+                "required": ["data"],
+            }
+            out[200]["content"] = {"text/event-stream": {"schema": event}}
+    return out
+
+
+ERROR_STATUSES = {
+    400: "The request is invalid or beyond a limit; `param` names the field",
+    401: "The session is not open or the API key is wrong",
+    404: "The session closed while the call was generating",
+    413: "The body is larger than gateway.limits.max_request_bytes",
+    500: "A bug in looprl; the gateway's log has the traceback",
+    503: "The engine cannot serve requests now",
+}

@@ -470,13 +470,21 @@ async def test_sessions_only_without_sessionless(tiny):
         assert response.status_code == 404
 
 
+async def _until(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"waited {timeout_s} s for {what}"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_call_stops_when_its_session_closes_or_its_client_leaves(server):
+    engine = server.app.state.engine
     handle = server.open_session()
     async with _client(handle) as client:
         long_call = asyncio.create_task(
             client.chat.completions.create(model="m", messages=USER, max_tokens=900)
         )
-        await asyncio.sleep(0.3)
+        await _until(lambda: engine._rows, "the call to be generating")
         server.close_session(handle.id)
         with pytest.raises(openai.NotFoundError, match="closed while this call was generating"):
             await long_call
@@ -495,7 +503,8 @@ async def test_a_call_stops_when_its_session_closes_or_its_client_leaves(server)
         for stream in (False, True):  # a rollout timing out cancels its agent like this
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(agent_call(stream), timeout=0.3)
-        await asyncio.sleep(0.5)  # the gateway notices the client left and cancels
+        # The gateway notices the client left and the engine drops the generation.
+        await _until(lambda: not engine._rows and not engine._waiting, "the engine to be idle")
         ok = await client.chat.completions.create(model="m", messages=USER, max_tokens=2)
     assert [it.completion_id for it in server.store.get(handle.id).interactions] == [ok.id]
 

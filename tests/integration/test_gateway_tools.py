@@ -146,7 +146,7 @@ async def test_bad_tool_requests_are_400_naming_the_problem(tiny_model_dir):
         "tool_choice without tools": ({"tool_choice": "required"}, "needs tools"),
         "tool message without its call id": (
             {"messages": [*QUESTION, {"role": "tool", "content": "5"}]},
-            "messages[1]: Value error, a tool message needs the tool_call_id",
+            "messages[1].tool_call_id: Field required",
         ),
         "a tool name OpenAI refuses": (
             {"tools": [ADD_TWO]},

@@ -578,6 +578,7 @@ def _apply_top_p(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     sorted_x, order = x[rows].sort(dim=-1, descending=True)
     probs = sorted_x.softmax(dim=-1)
     drop = probs.cumsum(dim=-1) - probs >= p[rows, None]  # mass before it already reaches p
+    drop[:, 0] = False  # the most likely token stays, whatever p (5e-324 is 0 in float32)
     x = x.clone()
     x[rows] = torch.empty_like(sorted_x).scatter(1, order, sorted_x.masked_fill(drop, -torch.inf))
     return x

@@ -1,0 +1,265 @@
+"""Schema-driven fuzzing of the gateway: every operation of its OpenAPI schema, with
+bodies schemathesis generates from it (valid ones, and invalid ones), against a real
+gateway and engine on loopback, while a well-formed agent keeps calling beside it.
+
+Asserted for every case: no 5xx, the status is one the schema documents, and the body
+conforms to the documented response schema. The bystander's calls all complete with
+the tokens they asked for. `make test` runs LOOPRL_FUZZ_EXAMPLES cases per operation
+and mode (default 25); `make fuzz` runs many more and prints the total last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from openai import OpenAI
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from looprl.config import LimitsConfig, SamplingConfig
+from looprl.gateway.schemas import ChatCompletion
+from looprl.models import load_model, load_tokenizer
+from tests.support.local_gateway import ThreadedGateway
+
+EXAMPLES = int(os.environ.get("LOOPRL_FUZZ_EXAMPLES", "25"))
+REPORT = os.environ.get("LOOPRL_FUZZ_REPORT")  # a file the case counts are appended to
+# Small enough that every generated request is served in milliseconds.
+LIMITS = LimitsConfig(max_request_bytes=256 * 1024, request_token_budget=64)
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+OPERATIONS = [
+    "POST /sessions/{session_id}/v1/chat/completions",
+    "POST /sessions/{session_id}/v1/completions",
+    "GET /sessions/{session_id}/v1/models",
+    "POST /sessions/{session_id}/reward",
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /health",
+]
+MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]  # valid bodies, then invalid
+
+pytestmark = pytest.mark.timeout(max(300, EXAMPLES * 8))
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_model_dir):
+    gateway = ThreadedGateway(
+        load_model(tiny_model_dir),
+        load_tokenizer(tiny_model_dir),
+        model_name="tiny",
+        sessionless=True,
+        default_sampling=SamplingConfig(max_new_tokens=8),
+        limits=LIMITS,
+    )
+    yield gateway
+    gateway.close()
+
+
+@pytest.fixture(scope="module")
+def schema(gateway):
+    return schemathesis.openapi.from_url(f"{gateway.server.url}/openapi.json")
+
+
+class Bystander:
+    """A well-formed agent calling the gateway in a loop on its own session."""
+
+    def __init__(self, gateway: ThreadedGateway) -> None:
+        handle = gateway.call(lambda server: server.open_session())
+        self.client = OpenAI(base_url=handle.base_url, api_key=handle.api_key, max_retries=0)
+        self.calls, self.errors = 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                response = self.client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                    max_tokens=4,
+                    seed=self.calls,
+                    timeout=60,
+                )
+                choice = response.choices[0]
+                if choice.finish_reason == "length" and len(choice.token_ids) != 4:
+                    self.errors.append(f"asked for 4 tokens, got {len(choice.token_ids)}")
+                self.calls += 1
+            except Exception as e:  # every failure is a finding: report them all
+                self.errors.append(repr(e))
+                self.calls += 1
+
+    def __enter__(self) -> Bystander:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        self.client.close()
+
+
+@pytest.mark.parametrize(
+    ("label", "mode"),
+    [
+        (label, mode)
+        for label in OPERATIONS
+        for mode in MODES  # a GET has no body, and its path and key are fixed here
+        if label.startswith("POST") or mode == GenerationMode.POSITIVE
+    ],
+    ids=str,
+)
+def test_fuzz_operation(gateway, schema, label, mode):
+    operation = schema.find_operation_by_label(label)
+    handle = gateway.call(lambda server: server.open_session())
+    path = {"session_id": handle.id} if "{session_id}" in label else None
+    auth = {"Authorization": f"Bearer {handle.api_key}"}
+    statuses: Counter[int] = Counter()
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(mode, path_parameters=path, headers=auth))
+    def fuzz(case):
+        response = case.call(base_url=gateway.server.url, timeout=60)
+        statuses[response.status_code] += 1
+        case.validate_response(response, checks=CHECKS)
+
+    with Bystander(gateway) as bystander:
+        fuzz()
+    assert bystander.errors == [], bystander.errors[:5]
+    assert bystander.calls > 0
+    assert not any(status >= 500 for status in statuses), statuses
+    _report(f"{label} ({mode.value})", statuses)
+
+
+# ---- hypothesis strategies for what agents send: chat messages and tool calls ----------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+# Arguments as agents send them: JSON objects, other JSON, text that is not JSON, and
+# JSON nested deeper than the limit.
+ARGUMENTS = st.one_of(
+    JSON_VALUES.map(json.dumps),
+    st.text(),
+    st.integers(1, 200).map(lambda depth: "[" * depth + "]" * depth),
+    st.integers(1, 200).map(lambda depth: '{"a": ' * depth + "1" + "}" * depth),
+)
+# Text with what tokenizers and templates trip on: lone surrogates, control characters,
+# template syntax, the tool-call markup itself.
+TEXT = st.one_of(
+    st.text(),
+    st.text(alphabet=st.characters(codec=None, categories=None)),
+    st.sampled_from(["{{ x }}", "{% if %}", "<tool_call>", "</tool_call>", "<|im_end|>", "\ud800"]),
+)
+
+
+@st.composite
+def tool_call(draw) -> dict:
+    return {
+        "id": draw(st.text(min_size=1, max_size=12)),
+        "type": "function",
+        "function": {"name": draw(st.text(max_size=12)), "arguments": draw(ARGUMENTS)},
+    }
+
+
+MESSAGE = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "developer", "user"]), "content": TEXT}
+    ),
+    st.fixed_dictionaries(
+        {"role": st.just("assistant")},
+        optional={"content": st.none() | TEXT, "tool_calls": st.lists(tool_call(), max_size=3)},
+    ),
+    st.fixed_dictionaries(
+        {"role": st.just("tool"), "content": TEXT, "tool_call_id": st.text(max_size=12)}
+    ),
+)
+TOOL = st.fixed_dictionaries(
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True)},
+            optional={"description": TEXT, "parameters": st.dictionaries(st.text(), JSON_VALUES)},
+        ),
+    }
+)
+
+
+def _surrogate_safe_json(body: dict) -> bytes:
+    """JSON as a hostile client may send it: lone surrogates as \\u escapes."""
+    return json.dumps(body, ensure_ascii=True).encode()
+
+
+def test_agent_shaped_requests_never_fail_the_server(gateway):
+    """Conversations with tool calls whose arguments are anything at all."""
+    handle = gateway.call(lambda server: server.open_session())
+    url = f"{handle.base_url}/chat/completions"
+    headers = {"Authorization": f"Bearer {handle.api_key}", "Content-Type": "application/json"}
+    statuses: Counter[int] = Counter()
+
+    @settings(
+        max_examples=EXAMPLES * 4,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        messages=st.lists(MESSAGE, min_size=1, max_size=6),
+        tools=st.none() | st.lists(TOOL, min_size=1, max_size=3),
+        tool_choice=st.sampled_from([None, "auto", "none", "required"]),
+        max_tokens=st.integers(1, 8),
+    )
+    def fuzz(messages, tools, tool_choice, max_tokens):
+        body = {"messages": messages, "max_tokens": max_tokens}
+        if tools is not None:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        response = httpx.post(url, content=_surrogate_safe_json(body), headers=headers, timeout=60)
+        statuses[response.status_code] += 1
+        assert response.status_code in (200, 400), (response.status_code, response.text[:500])
+        if response.status_code == 200:
+            ChatCompletion.model_validate(response.json())
+        else:
+            assert response.json()["error"]["message"]
+
+    with Bystander(gateway) as bystander:
+        fuzz()
+    assert bystander.errors == [], bystander.errors[:5]
+    assert statuses[200] > 0, statuses  # the strategies reach the engine, not only the edge
+    _report("agent-shaped chat conversations", statuses)
+
+
+def _report(name: str, statuses: Counter[int]) -> None:
+    """One JSON line per test in LOOPRL_FUZZ_REPORT, summed by `make fuzz`."""
+    if REPORT:
+        line = {"name": name, "cases": sum(statuses.values()), "statuses": statuses}
+        with Path(REPORT).open("a") as f:
+            f.write(json.dumps(line) + "\n")
