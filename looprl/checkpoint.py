@@ -2,9 +2,18 @@
 
 Owns the layout under `<run_dir>/checkpoints/`:
 
-    step_000012/   trainer.pt (model, optimizer, scheduler, version), state.pkl (data
-                   position, controller, metrics, RNG), config.yaml, MANIFEST.json (step)
+    step_000012/   trainer.safetensors + trainer.json (model, optimizer, scheduler,
+                   version), state.safetensors + state.json (data position, controller,
+                   metrics, RNG), config.yaml, MANIFEST.json (step)
     latest         the name of the newest checkpoint, replaced last
+
+Nothing is unpickled. Each state is split in two: every tensor goes into a safetensors
+file (a header and raw bytes, which cannot run code), and everything else into JSON
+where a tensor stands as {"__tensor__": key}; tuples and dicts with non-string keys (an
+optimizer's parameter ids) are spelled out so they come back as they were. A checkpoint
+of the earlier format (trainer.pt, state.pkl: Python pickles, which run whatever code
+was written into them) is refused with a RecoverError saying how to convert it
+(`looprl convert-checkpoint PATH --trust-pickle`, for files you trust) or start fresh.
 
 A checkpoint is written into a temporary folder, every file fsynced, MANIFEST.json (size
 and sha256 of every other file) written last, the folder renamed into place and the
@@ -20,8 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
-import pickle
 import random
 import shutil
 import time
@@ -31,10 +40,12 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+PICKLED = ("trainer.pt", "state.pkl")  # the earlier format's files
 # Changing one of these makes the saved state mean something else: refused unless named
 # in recover.allow_changes. A prefix ending in "." covers its whole section.
 BREAKING = (
@@ -89,8 +100,8 @@ def save(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{name}-{os.getpid()}"
     tmp.mkdir()
-    torch.save(trainer_state, tmp / "trainer.pt")
-    (tmp / "state.pkl").write_bytes(pickle.dumps(state))
+    save_tree(trainer_state, tmp, "trainer")
+    save_tree(state, tmp, "state")
     (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     files = {}
     for path in sorted(tmp.iterdir()):
@@ -117,6 +128,7 @@ def save(
 def load_latest(run_dir: Path) -> Checkpoint | None:
     """The newest checkpoint whose files match its manifest; None when there is none."""
     for path in _candidates(checkpoints_dir(run_dir)):
+        refuse_pickled(path)
         manifest, problem = _verified_manifest(path, hashes=True)
         if problem:
             log.warning("Skipping checkpoint %s: %s; trying the previous one", path, problem)
@@ -124,11 +136,121 @@ def load_latest(run_dir: Path) -> Checkpoint | None:
         return Checkpoint(
             path=path,
             step=manifest["step"],
-            trainer=torch.load(path / "trainer.pt", weights_only=False),
-            state=pickle.loads((path / "state.pkl").read_bytes()),
+            trainer=load_tree(path, "trainer"),
+            state=load_tree(path, "state"),
             config=yaml.safe_load((path / "config.yaml").read_text()),
         )
     return None
+
+
+def refuse_pickled(path: Path) -> None:
+    """RecoverError for a checkpoint of the earlier, pickled format; it is never read."""
+    found = [name for name in PICKLED if (path / name).exists()]
+    if found:
+        raise RecoverError(
+            f"Checkpoint {path} holds {' and '.join(found)}: the earlier format, Python "
+            "pickles, which run whatever code was written into them when loaded, so looprl "
+            "no longer reads them. If you trust these files (your own run, nobody else "
+            f"could write there), convert it: looprl convert-checkpoint {path} "
+            "--trust-pickle. Otherwise start fresh: recover.mode=off, or a new "
+            "run.trial_name"
+        )
+
+
+# ---- tensors in safetensors, the rest in JSON ------------------------------------------
+
+
+def save_tree(tree: Any, folder: Path, name: str) -> None:
+    """Write `tree` (dicts, lists, tuples, tensors, str/int/float/bool/None) as
+    `name.safetensors` (its tensors) and `name.json` (the rest, tensors by key)."""
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+
+    def encode(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            key = f"t{len(tensors)}"
+            tensor = node.detach().cpu()
+            # safetensors refuses tensors that share memory (tied weights, views): those
+            # are copied, the others written from where they are (no second 1.6 GB).
+            storage = tensor.untyped_storage()
+            whole = tensor.is_contiguous() and tensor.storage_offset() == 0
+            if (
+                storage.data_ptr() in storages
+                or not whole
+                or storage.nbytes() != (tensor.numel() * tensor.element_size())
+            ):
+                tensor = tensor.clone()
+            storages.add(tensor.untyped_storage().data_ptr())
+            tensors[key] = tensor
+            return {"__tensor__": key}
+        if isinstance(node, dict):
+            if all(isinstance(k, str) for k in node) and "__tensor__" not in node:
+                return {k: encode(v) for k, v in node.items()}
+            return {"__items__": [[encode(k), encode(v)] for k, v in node.items()]}
+        if isinstance(node, tuple):
+            return {"__tuple__": [encode(v) for v in node]}
+        if isinstance(node, list):
+            return [encode(v) for v in node]
+        if isinstance(node, float) and not math.isfinite(node):
+            return {"__float__": repr(node)}
+        if node is None or isinstance(node, str | int | float | bool):
+            return node
+        raise TypeError(
+            f"a checkpoint holds tensors, containers and plain values; got "
+            f"{type(node).__name__}: {node!r:.80}"
+        )
+
+    skeleton = encode(tree)
+    save_file(tensors, str(folder / f"{name}.safetensors"))
+    (folder / f"{name}.json").write_text(json.dumps(skeleton, allow_nan=False))
+
+
+def load_tree(folder: Path, name: str) -> Any:
+    """What save_tree wrote, tensors on the CPU."""
+    tensors = load_file(str(folder / f"{name}.safetensors"))
+
+    def decode(node: Any) -> Any:
+        if isinstance(node, list):
+            return [decode(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "__tensor__" in node:
+            return tensors[node["__tensor__"]]
+        if "__tuple__" in node:
+            return tuple(decode(v) for v in node["__tuple__"])
+        if "__items__" in node:
+            return {decode(k): decode(v) for k, v in node["__items__"]}
+        if "__float__" in node:
+            return float(node["__float__"])
+        return {k: decode(v) for k, v in node.items()}
+
+    return decode(json.loads((folder / f"{name}.json").read_text()))
+
+
+def convert_pickled(path: Path) -> None:
+    """Rewrite a checkpoint of the earlier format in the current one, in place. Unpickles
+    its files: only for checkpoints the user trusts (`looprl convert-checkpoint`)."""
+    import pickle  # only here, on the user's explicit request
+
+    path = Path(path)
+    if not all((path / name).is_file() for name in PICKLED):
+        raise RecoverError(f"{path} has no {' and '.join(PICKLED)} to convert")
+    manifest, problem = _verified_manifest(path, hashes=True)
+    if problem:
+        raise RecoverError(f"Not converting {path}: {problem}")
+    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    state = pickle.loads((path / "state.pkl").read_bytes())
+    save_tree(trainer, path, "trainer")
+    save_tree(state, path, "state")
+    for name in PICKLED:
+        (path / name).unlink()
+    files = {}
+    for file in sorted(path.iterdir()):
+        if file.name != MANIFEST:
+            _fsync_file(file)
+            files[file.name] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
+    (path / MANIFEST).write_text(json.dumps({"step": manifest["step"], "files": files}, indent=1))
+    _fsync_file(path / MANIFEST)
 
 
 def verify(path: Path, *, hashes: bool = True) -> str | None:

@@ -108,6 +108,35 @@ def train(
     print(summary.line())
 
 
+@app.command("convert-checkpoint")
+def convert_checkpoint(
+    path: Annotated[Path, typer.Argument(help="A checkpoint folder (step_NNNNNN).")],
+    trust_pickle: Annotated[
+        bool,
+        typer.Option(
+            "--trust-pickle",
+            help="Confirm you trust its files: converting unpickles them, which runs any "
+            "code written into them.",
+        ),
+    ] = False,
+) -> None:
+    """Rewrite a checkpoint of the earlier pickled format as safetensors + JSON."""
+    from looprl.checkpoint import RecoverError, convert_pickled
+
+    if not trust_pickle:
+        console.print(
+            "[red]error:[/red] converting unpickles trainer.pt and state.pkl, which runs any "
+            "code written into them; pass --trust-pickle if nobody else could write there"
+        )
+        raise typer.Exit(2)
+    try:
+        convert_pickled(path)
+    except RecoverError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    print(f"converted {path}: trainer and state now in safetensors + JSON")
+
+
 @app.command()
 def rollout(
     config: ConfigArg = None,

@@ -24,6 +24,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from looprl.checkpoint import load_tree, save_tree
 from looprl.config import TrainConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.training.batch import TrainBatch, build_batch, micro_batch_indices, split_mini_batches
@@ -127,20 +128,21 @@ def checkpoint_round_trip(rank: Rank, model_dir: Path, out: Path) -> None:
     and steps once more. With one rank it only loads the save of two and steps."""
     batch = _batches(out)["uneven"]
     cfg = TrainConfig(compute_dtype="float32", lr=1e-3, warmup_steps=2, max_tokens_per_mb=16)
-    saved = out / "trainer.pt"
+    saved = out / "checkpoint"  # the trainer state as recover checkpoints write it
     if rank.world_size == 2:
         trainer = DataParallelTrainer(load_model(model_dir), cfg)
         trainer.train_step(batch)
         state = trainer.state_dict()
         if rank.rank == 0:
-            torch.save(state, saved)
+            saved.mkdir()
+            save_tree(state, saved, "trainer")
         else:
             assert state["model"] == {} and state["optimizer"] == {}
         trainer.train_step(batch)
         _save_weights(trainer, out / "continued.pt")
         torch.distributed.barrier()  # the save is complete
     restored = DataParallelTrainer(load_model(model_dir), cfg)
-    restored.load_state_dict(torch.load(saved, weights_only=False))
+    restored.load_state_dict(load_tree(saved, "trainer"))
     assert restored.version == 1
     restored.train_step(batch)
     _save_weights(restored, out / f"restored-on-{rank.world_size}.pt")

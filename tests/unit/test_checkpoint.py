@@ -35,7 +35,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, caplog, 
     cfg = _cfg(tmp_path)
     _save(cfg.run_dir, 1, cfg)
     newest = _save(cfg.run_dir, 2, cfg)
-    target = newest / "trainer.pt"
+    target = newest / "trainer.safetensors"
     data = target.read_bytes()
     if damage == "truncate":
         target.write_bytes(data[: len(data) // 2])
@@ -106,3 +106,152 @@ def test_data_stream_seeks_to_what_it_would_have_drawn():
     resumed = DataStream(rows, seed=3)
     resumed.seek(7)
     assert [next(resumed)["i"] for _ in range(6)] == drawn[7:13]
+
+
+# ---- nothing is unpickled ----------------------------------------------------------------
+
+
+def test_a_real_trainer_state_round_trips_through_safetensors_and_json(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    # A view of another weight: two tensors on one storage, which safetensors refuses.
+    model[1].weight = torch.nn.Parameter(model[0].weight.data[:2, :3])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    schedule.step()
+    tree = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),  # int keys, tuples (betas), floats, tensors
+        "scheduler": schedule.state_dict(),
+        "rng": ck.rng_state(),  # a tuple of 625 ints, a uint8 tensor
+        "version": 3,
+        "nested": {"inf": float("inf"), "none": None, "pair": (1, "a"), 7: [2.5, True]},
+    }
+    ck.save_tree(tree, tmp_path, "trainer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trainer.json", "trainer.safetensors"]
+    back = ck.load_tree(tmp_path, "trainer")
+
+    def same(a, b):
+        assert type(a) is type(b) or isinstance(a, dict) and type(b) is dict, (a, b)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        elif isinstance(a, dict):
+            assert list(a) == list(b)
+            for key in a:
+                same(a[key], b[key])
+        elif isinstance(a, list | tuple):
+            assert len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        else:
+            assert a == b
+
+    same(tree, back)
+    restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    restored.load_state_dict(back["optimizer"])  # what the trainer does on resume
+    ck.set_rng_state(back["rng"])
+
+
+class _Payload:
+    """Pickled, it runs `touch MARKER` when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant_pickles(checkpoint, marker) -> None:
+    """The earlier format's files, carrying a payload, with a manifest that matches them:
+    only the format check stands between them and pickle."""
+    import pickle
+
+    for name in ("trainer.safetensors", "trainer.json", "state.safetensors", "state.json"):
+        (checkpoint / name).unlink()
+    (checkpoint / "state.pkl").write_bytes(pickle.dumps({"x": _Payload(marker)}))
+    torch.save({"model": _Payload(marker)}, checkpoint / "trainer.pt")
+    _rewrite_manifest(checkpoint)
+
+
+def _rewrite_manifest(checkpoint) -> None:
+    """A manifest that matches the folder's files, as the earlier looprl wrote it."""
+    import hashlib
+    import json
+
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in checkpoint.iterdir()
+        if p.name != ck.MANIFEST
+    }
+    manifest = json.loads((checkpoint / ck.MANIFEST).read_text())
+    (checkpoint / ck.MANIFEST).write_text(json.dumps({**manifest, "files": files}))
+    assert ck.verify(checkpoint) is None
+
+
+def test_a_planted_pickle_is_never_run_and_the_refusal_says_what_to_do(tmp_path):
+    cfg = _cfg(tmp_path)
+    checkpoint = _save(cfg.run_dir, 2, cfg)
+    marker = tmp_path / "pwned"
+    _plant_pickles(checkpoint, marker)
+    with pytest.raises(ck.RecoverError) as refused:
+        ck.load_latest(cfg.run_dir)
+    message = str(refused.value)
+    assert "trainer.pt and state.pkl" in message and str(checkpoint) in message
+    assert "looprl convert-checkpoint" in message and "--trust-pickle" in message
+    assert "recover.mode=off" in message
+    assert not marker.exists()
+
+
+def test_looprl_train_refuses_a_planted_pickle_before_it_runs(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    overrides = [f"run.fileroot={tmp_path}", f"model.path={tiny_model_dir}"]
+    cfg = _cfg(tmp_path, f"model.path={tiny_model_dir}")
+    checkpoint = _save(cfg.run_dir, 2, cfg)
+    marker = tmp_path / "pwned"
+    _plant_pickles(checkpoint, marker)
+    run = subprocess.run(
+        [sys.executable, "-m", "looprl.cli", "train", *overrides, "recover.mode=auto"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    said = run.stderr.replace("\n", "")  # rich wraps the message at the terminal's width
+    assert "convert-checkpoint" in said and "Traceback" not in run.stdout + run.stderr
+    assert not marker.exists()
+
+
+def test_convert_checkpoint_rewrites_the_old_format_only_when_trusted(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = _cfg(tmp_path)
+    checkpoint = _save(cfg.run_dir, 2, cfg)
+    trainer = ck.load_tree(checkpoint, "trainer")
+    state = ck.load_tree(checkpoint, "state")
+    for name in ("trainer.safetensors", "trainer.json", "state.safetensors", "state.json"):
+        (checkpoint / name).unlink()
+    torch.save(trainer, checkpoint / "trainer.pt")  # what the earlier looprl wrote
+    import pickle
+
+    (checkpoint / "state.pkl").write_bytes(pickle.dumps(state))
+    _rewrite_manifest(checkpoint)
+    command = [sys.executable, "-m", "looprl.cli", "convert-checkpoint", str(checkpoint)]
+    untrusted = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert untrusted.returncode == 2 and "--trust-pickle" in untrusted.stderr.replace("\n", "")
+    assert (checkpoint / "state.pkl").exists()
+    trusted = subprocess.run(
+        [*command, "--trust-pickle"], capture_output=True, text=True, timeout=120
+    )
+    assert trusted.returncode == 0, trusted.stdout + trusted.stderr
+    assert not (checkpoint / "state.pkl").exists() and not (checkpoint / "trainer.pt").exists()
+    found = ck.load_latest(cfg.run_dir)
+    assert found.step == 2 and found.state["data_position"] == 20
+    assert torch.equal(found.trainer["model"]["w"], torch.full((4,), 2.0))
