@@ -124,7 +124,10 @@ async def time_vllm(server: VLLMServer, prompts: list[list[int]], new_tokens: in
     body = {"model": server.served_name, "max_tokens": new_tokens, "temperature": 1.0}
     body |= {"top_p": 1.0, "top_k": -1, "ignore_eos": True}
     limits = httpx.Limits(max_connections=len(prompts))
-    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=600, limits=limits, headers=headers
+    ) as client:
 
         async def one(prompt: list[int]) -> int:
             response = await client.post("/v1/completions", json={**body, "prompt": prompt})

@@ -171,12 +171,35 @@ def serve(
         str, typer.Option(help="auto (chosen from this machine), float32 or bfloat16.")
     ] = "auto",
     name: Annotated[str, typer.Option(help="Model name reported by /v1/models.")] = "policy",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LOOPRL_API_KEY",
+            help="Require `Authorization: Bearer KEY` on every call (needed, or --no-auth, "
+            "on an address other than loopback).",
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool, typer.Option(help="Serve a non-loopback address without a key, knowingly.")
+    ] = False,
 ) -> None:
     """Serve a model over OpenAI-compatible /v1 endpoints (no sessions)."""
     from looprl.commands.serve import serve_model
 
     _setup_logging()
-    serve_model(model, host=host, port=port, dtype=dtype, model_name=name)
+    try:
+        serve_model(
+            model,
+            host=host,
+            port=port,
+            dtype=dtype,
+            model_name=name,
+            api_key=api_key,
+            no_auth=no_auth,
+        )
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

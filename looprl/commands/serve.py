@@ -1,13 +1,15 @@
 """`looprl serve`: one model on plain OpenAI-compatible endpoints, for any agent or tool.
 
 The local engine behind a sessionless gateway (`/v1/chat/completions`,
-`/v1/completions`, `/v1/models`; no sessions, no key), until Ctrl-C or SIGTERM, after
-which requests in flight finish.
+`/v1/completions`, `/v1/models`; no sessions), until Ctrl-C or SIGTERM, after which
+requests in flight finish. With `api_key` every /v1 call needs it; on an address other
+than loopback one is required (or `no_auth`, said explicitly).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 from pathlib import Path
@@ -26,16 +28,40 @@ def serve_model(
     port: int = 8000,
     dtype: str = "auto",
     model_name: str | None = None,
+    api_key: str | None = None,
+    no_auth: bool = False,
 ) -> None:
-    """Serve a model at `http://host:port/v1` (no sessions, no auth) until Ctrl-C or SIGTERM.
+    """Serve a model at `http://host:port/v1` (no sessions) until Ctrl-C or SIGTERM.
 
     `model_name` is what /v1/models reports; by default the model folder's name.
+    Raises ValueError, before loading anything, for a non-loopback `host` with neither
+    `api_key` nor `no_auth`.
     """
-    asyncio.run(_serve_model(model_path, host, port, dtype, model_name))
+    if api_key is None and not no_auth and not is_loopback(host):
+        raise ValueError(
+            f"--host {host} lets other machines reach the server: give it a key "
+            "(--api-key KEY, or LOOPRL_API_KEY) that clients send as `Authorization: "
+            "Bearer KEY`, or pass --no-auth if anyone who can reach it may use it"
+        )
+    asyncio.run(_serve_model(model_path, host, port, dtype, model_name, api_key))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 async def _serve_model(
-    model_path: str, host: str, port: int, dtype: str, model_name: str | None
+    model_path: str,
+    host: str,
+    port: int,
+    dtype: str,
+    model_name: str | None,
+    api_key: str | None,
 ) -> None:
     if model_name is None:
         model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
@@ -48,6 +74,7 @@ async def _serve_model(
         store=SessionStore(),
         sessionless=True,
         max_model_len=model_config(model_path).max_position_embeddings,
+        sessionless_api_key=api_key,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -94,6 +94,7 @@ def create_app(
     max_model_len: int | None = None,
     engine_health: Callable[[], dict[str, Any]] | None = None,
     limits: LimitsConfig | None = None,
+    sessionless_api_key: str | None = None,
 ) -> FastAPI:
     """The gateway app; `store` is also reachable as `app.state.store`.
 
@@ -103,6 +104,7 @@ def create_app(
     adds `/v1/...` routes that need no key and record nothing (`looprl serve`).
     `engine_health`, when given, reports the engine in /health (a pool: its replicas).
     `limits` bound what one request may ask (LimitsConfig's defaults when None).
+    `sessionless_api_key`, when given, is required on the `/v1/...` routes.
     """
     defaults = (default_sampling or SamplingConfig()).model_dump()
     limits = limits or LimitsConfig()
@@ -132,9 +134,23 @@ def create_app(
             )
         return session
 
+    def sessionless_auth(authorization: str | None = Header(None)) -> None:
+        if sessionless_api_key is None:
+            return None
+        scheme, _, key = (authorization or "").partition(" ")
+        matches = secrets.compare_digest(key.strip().encode(), sessionless_api_key.encode())
+        if scheme.lower() != "bearer" or not matches:
+            raise APIError(
+                401,
+                "wrong or missing API key: send `Authorization: Bearer <key>` with the key "
+                "the server was started with (--api-key)",
+                type="authentication_error",
+            )
+        return None
+
     app.include_router(gateway.router(session_for), prefix="/sessions/{session_id}/v1")
     if sessionless:
-        app.include_router(gateway.router(lambda: None), prefix="/v1")
+        app.include_router(gateway.router(sessionless_auth), prefix="/v1")
 
     @app.post("/sessions/{session_id}/reward", responses=documented(RewardResponse, 400, 401, 413))
     async def post_reward(body: RewardRequest, session: Session = Depends(session_for)) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -520,3 +522,32 @@ def test_serve_runs_sessionless_until_sigint(tiny_model_dir):
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         response = client.chat.completions.create(model="x", messages=USER, max_tokens=2)
         assert len(response.choices[0].token_ids) == 2
+
+
+def test_serve_with_a_key_refuses_calls_without_it(tiny_model_dir):
+    port = free_port()
+    cmd = [sys.executable, "-m", "looprl.cli", "serve", "--model", str(tiny_model_dir)]
+    cmd += ["--port", str(port)]
+    env = {**os.environ, "LOOPRL_API_KEY": "k3y"}
+    with running_server(cmd, port, env=env):
+        base = f"http://127.0.0.1:{port}/v1"
+        for wrong in ("none", "k3y-not"):
+            client = OpenAI(base_url=base, api_key=wrong, max_retries=0)
+            with pytest.raises(openai.AuthenticationError, match="--api-key"):
+                client.chat.completions.create(model="x", messages=USER, max_tokens=2)
+            with pytest.raises(openai.AuthenticationError):
+                client.models.list()
+        client = OpenAI(base_url=base, api_key="k3y", max_retries=0)
+        response = client.chat.completions.create(model="x", messages=USER, max_tokens=2)
+        assert len(response.choices[0].token_ids) == 2
+
+
+def test_serve_on_another_address_needs_a_key_or_no_auth(tiny_model_dir):
+    cmd = [sys.executable, "-m", "looprl.cli", "serve", "--model", str(tiny_model_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "LOOPRL_API_KEY"}
+    refused = subprocess.run(
+        [*cmd, "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert refused.returncode == 2
+    said = refused.stderr.replace("\n", " ")
+    assert "--api-key" in said and "--no-auth" in said and "Traceback" not in said

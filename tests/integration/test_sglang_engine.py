@@ -13,12 +13,14 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
 from looprl.config import Config, EngineConfig, load_config
 from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
+from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
 from looprl.engines.servers.sglang import SGLangEngine, sglang_command
 from looprl.models import load_model, load_tokenizer
 from looprl.types import SamplingParams
@@ -35,9 +37,17 @@ def model(tiny_model_dir):
     return load_model(tiny_model_dir)
 
 
+SERVER_KEY = "the-servers-key"
+
+
 @pytest.fixture
-def server(tiny_model_dir):
-    with sglang_protocol_server(tiny_model_dir, seconds_per_token=0.01) as served:
+def server(tiny_model_dir, monkeypatch):
+    """The stand-in requires a key, as an SGLang server started with --api-key does;
+    looprl finds it where a user puts the key of a server they started."""
+    monkeypatch.setenv(ENGINE_KEY_VARIABLE, SERVER_KEY)
+    with sglang_protocol_server(
+        tiny_model_dir, seconds_per_token=0.01, api_key=SERVER_KEY
+    ) as served:
         yield served
 
 
@@ -240,7 +250,7 @@ def test_launching_sglang_passes_options_through(tmp_path):
         server_args=["--disable-radix-cache"],
     )
     check_placement(cfg, gpus=2)
-    cmd = sglang_command(cfg, tmp_path / "python", tmp_path / "v000000", 30000, "policy")
+    cmd = sglang_command(cfg, tmp_path / "python", tmp_path / "v000000", 30000, "policy", "k")
     flags = " ".join(cmd[1:])
     assert flags.startswith("-m sglang.launch_server --model-path")
     for flag in (
@@ -251,6 +261,22 @@ def test_launching_sglang_passes_options_through(tmp_path):
         "--dtype bfloat16",
         "--served-model-name policy",
         "--host 127.0.0.1 --port 30000",
+        "--api-key k",
     ):
         assert flag in flags
     assert cmd[-1] == "--disable-radix-cache"
+
+
+async def test_the_servers_control_endpoints_need_its_key(server, engine):
+    """Loading weights is a control call: without the key it is refused, with it (as
+    looprl sends it) it works."""
+    url, state, _ = server
+    async with httpx.AsyncClient(base_url=url) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            for path in ("/update_weights_from_disk", "/pause_generation", "/generate"):
+                response = await http.post(path, json={}, headers=headers)
+                assert response.status_code == 401, (path, headers)
+        assert (await http.get("/health")).status_code == 200
+    await engine.pause()
+    await engine.resume()  # looprl's own control calls carry the key
+    assert engine.version == 0

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 import pytest_asyncio
 import torch
@@ -117,6 +118,31 @@ async def test_vllm_logprobs_are_those_of_the_sampled_distribution(fp32):
     assert (torch.tensor(greedy.logprobs) - reference).abs().max() < 1e-3
     assert [top[0][0] for top in greedy.top_logprobs] == greedy.output_ids
     assert greedy.versions == [0] * len(greedy.output_ids)
+
+
+async def test_every_endpoint_but_health_needs_the_servers_key(fp32):
+    """vLLM's --api-key guards /v1 only; the development endpoints a reload uses would
+    let anyone who reaches the port load weights. looprl's own calls carry the key."""
+    calls = [
+        ("POST", "/v1/completions", {"model": "policy", "prompt": "hi", "max_tokens": 1}),
+        ("GET", "/v1/models", None),
+        ("POST", "/collective_rpc", {"method": "reload_weights"}),
+        ("POST", "/pause", None),
+        ("POST", "/resume", None),
+        ("POST", "/reset_prefix_cache", None),
+        ("POST", "/sleep", None),
+        ("GET", "/server_info", None),
+    ]
+    async with httpx.AsyncClient(base_url=fp32.engine.url, timeout=60) as http:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            for method, path, body in calls:
+                response = await http.request(method, path, json=body, headers=headers)
+                assert response.status_code == 401, (method, path, headers, response.text)
+        assert (await http.get("/health")).status_code == 200
+        key = {"Authorization": f"Bearer {fp32.engine.server.process.api_key}"}
+        assert (await http.get("/v1/models", headers=key)).status_code == 200
+    gen = await fp32.engine.generate(fp32.prompts[0], SamplingParams(max_new_tokens=4))
+    assert len(gen.output_ids) == 4
 
 
 async def test_update_weights_reloads_the_served_weights(fp32):

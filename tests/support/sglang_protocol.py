@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -119,7 +119,9 @@ class ServerState:
     seconds_per_token: float = 0.0  # slows generation down, to test pausing mid-request
 
 
-def create_app(model_dir: Path, *, seconds_per_token: float = 0.0) -> tuple[FastAPI, ServerState]:
+def create_app(
+    model_dir: Path, *, seconds_per_token: float = 0.0, api_key: str | None = None
+) -> tuple[FastAPI, ServerState]:
     state = ServerState(
         model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
         tokenizer=AutoTokenizer.from_pretrained(model_dir),
@@ -129,6 +131,17 @@ def create_app(model_dir: Path, *, seconds_per_token: float = 0.0) -> tuple[Fast
     resumed = asyncio.Event()
     resumed.set()
     app = FastAPI()
+
+    if api_key is not None:  # as SGLang's --api-key: every path but /health and /metrics
+
+        @app.middleware("http")
+        async def authentication(request: Request, call_next):
+            open_path = request.url.path.startswith(("/health", "/metrics"))
+            if request.method == "OPTIONS" or open_path:
+                return await call_next(request)
+            if request.headers.get("Authorization") != f"Bearer {api_key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
 
     @app.get("/health")
     async def health() -> dict:
@@ -287,10 +300,10 @@ def _truncated(probs: torch.Tensor, params: SamplingParamsIn) -> torch.Tensor:
 
 @contextmanager
 def sglang_protocol_server(
-    model_dir: Path, *, seconds_per_token: float = 0.0
+    model_dir: Path, *, seconds_per_token: float = 0.0, api_key: str | None = None
 ) -> Iterator[tuple[str, ServerState, uvicorn.Server]]:
     """Serve on 127.0.0.1 from a thread; yields (url, state, server)."""
-    app, state = create_app(model_dir, seconds_per_token=seconds_per_token)
+    app, state = create_app(model_dir, seconds_per_token=seconds_per_token, api_key=api_key)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -12,6 +12,7 @@ those calls are idempotent. Generation calls are not retried.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -23,21 +24,37 @@ from looprl.engines.servers.process import ServerProcess
 _TIMEOUT_S = 3600.0
 # Concurrent generations hold one connection each; beyond this they wait for one.
 _MAX_CONNECTIONS = 1024
+ENGINE_KEY_VARIABLE = "LOOPRL_ENGINE_API_KEY"  # the key of a server attached by engine.url
 
 
 class ServerClient:
     """Talks to the server at `url` (`name` is used in messages, e.g. "vLLM server").
 
     `process` is the server's process when looprl launched it, for its log in errors.
+    Every call carries `Authorization: Bearer <api_key>`: the key looprl started the
+    server with (`process.api_key`), or for a server attached by URL the one in
+    LOOPRL_ENGINE_API_KEY, when set.
     """
 
-    def __init__(self, url: str, *, name: str, process: ServerProcess | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str,
+        process: ServerProcess | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.name = name
         self.process = process
+        if api_key is None:
+            api_key = process.api_key if process else os.environ.get(ENGINE_KEY_VARIABLE)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=64)
         timeout = httpx.Timeout(_TIMEOUT_S, connect=10.0)
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout, limits=limits, headers=headers
+        )
 
     async def get(self, path: str) -> Any:
         return await self._call("GET", path, retry=True)

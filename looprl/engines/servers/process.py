@@ -31,7 +31,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`cmd` run with `env`, serving at `url`; healthy once `url + health_path` is 200."""
+    """`cmd` run with `env`, serving at `url`; healthy once `url + health_path` is 200.
+    `api_key` is the key the server was started with, for the clients that talk to it."""
 
     def __init__(
         self,
@@ -43,8 +44,10 @@ class ServerProcess:
         name: str = "server",
         health_path: str = "/health",
         startup_timeout_s: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         self.cmd = cmd
+        self.api_key = api_key  # what the server requires (Bearer), when it requires one
         self.url = url
         self.log_path = Path(log_path)
         self.name = name

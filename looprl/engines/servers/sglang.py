@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 
 from torch import nn
@@ -67,13 +68,14 @@ class SGLangEngine(ServerEngine):
         log_path = Path(run_dir) / "logs" / "sglang-0.log"
 
         def process_for(model_dir: Path) -> ServerProcess:
-            port = free_port()
+            port, key = free_port(), secrets.token_urlsafe(32)
             return ServerProcess(
-                sglang_command(cfg, python, model_dir, port, served_name),
+                sglang_command(cfg, python, model_dir, port, served_name, key),
                 url=f"http://127.0.0.1:{port}",
                 log_path=log_path,
                 env={**os.environ, "HF_HUB_OFFLINE": "1"},
                 name="SGLang server",
+                api_key=key,
             )
 
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
@@ -178,11 +180,19 @@ _CALLS = ServerCalls(
 
 
 def sglang_command(
-    cfg: EngineConfig, python: Path, model_dir: Path, port: int, served_name: str
+    cfg: EngineConfig,
+    python: Path,
+    model_dir: Path,
+    port: int,
+    served_name: str,
+    api_key: str,
 ) -> list[str]:
-    """`python -m sglang.launch_server` with the engine options passed through."""
+    """`python -m sglang.launch_server` with the engine options passed through, on
+    127.0.0.1 with `api_key` (SGLang requires it on every path but /health and
+    /metrics, its weight-loading and memory endpoints included)."""
     cmd = [str(python), "-m", "sglang.launch_server", "--model-path", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype]
+    cmd += ["--api-key", api_key]
     cmd += ["--served-model-name", served_name, "--tp-size", str(cfg.tensor_parallel_size)]
     if cfg.gpu_memory_fraction is not None:
         cmd += ["--mem-fraction-static", str(cfg.gpu_memory_fraction)]

