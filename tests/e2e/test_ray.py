@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
+import re
 import signal
 
 import httpx
@@ -13,6 +16,7 @@ from openai import AsyncOpenAI
 
 from looprl.config import load_config
 from looprl.diagnostics.watchdog import registered
+from looprl.engines.servers.process import free_port
 from looprl.loop import train
 from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray import start_ray_actors
@@ -71,6 +75,7 @@ async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_
             f"run.fileroot={tmp_path}",
             "scheduler.type=ray",
             "scheduler.engine_replicas=2",
+            "engine.max_restarts=0",  # it stays down (a restart: the test below)
             "engine.dtype=float32",
             "sampling.temperature=1.0",
         ],
@@ -135,3 +140,62 @@ async def test_a_killed_trainer_rank_stops_every_rank_and_is_named(tiny_model_di
                 break
             await asyncio.sleep(0.1)
         assert not ranks[0].alive()
+
+
+async def test_the_only_engine_replica_killed_mid_rollout_is_restarted_and_training_goes_on(
+    tiny_model_dir, tmp_path, caplog
+):
+    """One replica (a local engine in a Ray actor) SIGKILLed while it serves step 2's
+    rollouts: the pool starts a new actor loaded with the trainer's weights of version 1,
+    the requests that were on the dead one wait and are sent again to it, and the run
+    finishes every step, nothing failed and nothing stale."""
+    port = free_port()
+    cfg = toy_job(
+        tiny_model_dir,
+        tmp_path,
+        "scheduler.type=ray",
+        "train.total_steps=4",
+        "rollout.batch_size=2",
+        "rollout.group_size=4",
+        "sampling.max_new_tokens=48",
+        f"gateway.port={port}",
+    )
+    caplog.set_level(logging.INFO, logger="looprl")
+    run = asyncio.create_task(train(cfg, show_progress=False))
+    metrics = cfg.run_dir / "metrics.jsonl"
+
+    def trained() -> list[dict]:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+    async with asyncio.timeout(600), httpx.AsyncClient() as http:
+        while not trained():  # step 1 trained: its weights (version 1) reached the replica
+            assert not run.done(), run.result()
+            await asyncio.sleep(0.1)
+        while True:  # then step 2's rollouts are on it
+            engine = (await http.get(f"http://127.0.0.1:{port}/health")).json()["engine"]
+            if engine["replicas"]["replica-0"]["outstanding_requests"] > 0:
+                break
+            await asyncio.sleep(0.02)
+    [old] = [p for p in registered(cfg.run_dir) if p.name == "engine-0"]
+    os.kill(old.pid, signal.SIGKILL)
+    summary = await asyncio.wait_for(run, 600)
+
+    steps = trained()
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and summary.steps == 4
+    assert [r["version"] for r in steps] == [1, 2, 3, 4]
+    for r in steps:  # every rollout completed; the restarted replica served version 1
+        assert (r["completed"], r["failed"], r["timed_out"]) == (8, 0, 0), r
+        assert r["staleness_max"] == 0 and r["dropped_stale_groups"] == 0, r
+    [new] = [p for p in registered(cfg.run_dir) if p.name == "engine-0"]
+    assert new.pid != old.pid  # a new actor took its place
+    said = [r.getMessage() for r in caplog.records]
+    died = next(m for m in said if m.startswith("Engine replica replica-0 is down: "))
+    assert f"(pid {old.pid} on " in died and "restart 1 of engine.max_restarts=3" in died
+    assert "requests wait for it, and those it was serving are sent again" in died
+    replaced = next(m for m in said if m.startswith("Engine replica-0: a new actor (pid "))
+    assert f"(pid {new.pid} on " in replaced and f"died (pid {old.pid} on " in replaced
+    assert replaced.endswith("loaded with the trainer's weights of version 1")
+    back = next(m for m in said if m.startswith("Engine replica replica-0 is back after a "))
+    waited = re.search(r"serving policy version 1; the (\d+) request\(s\) waiting", back)
+    assert waited and int(waited.group(1)) >= 1, back  # sent again, counted in the log

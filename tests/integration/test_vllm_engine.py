@@ -28,6 +28,7 @@ from looprl.commands.consistency import measure, task_prompts
 from looprl.config import EngineConfig, load_config
 from looprl.engines.base import EngineError
 from looprl.engines.launch import start_engine
+from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
 from looprl.engines.servers.process import ServerError
 from looprl.engines.servers.vllm import VLLMEngine
 from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
@@ -189,8 +190,13 @@ async def test_pause_lets_requests_in_flight_finish_and_holds_new_ones(fp32):
     assert gen.versions == [2] * len(gen.output_ids)
 
 
-async def test_connect_to_a_running_server_loads_the_policy(fp32, tmp_path):
+async def test_connect_to_a_running_server_loads_the_policy(fp32, tmp_path, monkeypatch):
     cfg = EngineConfig(type="vllm", url=fp32.engine.url, dtype="float32")
+    monkeypatch.delenv(ENGINE_KEY_VARIABLE, raising=False)
+    with pytest.raises(EngineError, match=f"401.*set {ENGINE_KEY_VARIABLE}"):
+        await VLLMEngine.connect(cfg, model=fp32.policy, tokenizer=fp32.tokenizer, run_dir=tmp_path)
+    # The user gives looprl the key of the server they started.
+    monkeypatch.setenv(ENGINE_KEY_VARIABLE, fp32.engine.server.process.api_key)
     other = await VLLMEngine.connect(
         cfg, model=fp32.policy, tokenizer=fp32.tokenizer, run_dir=tmp_path
     )

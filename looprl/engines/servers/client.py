@@ -2,7 +2,8 @@
 
 Owns: one pooled `httpx.AsyncClient` per server, JSON in and out, and turning every
 failure into EngineError naming the server, the URL and the cause: an error status
-(with the server's own message), a body that is not JSON, and as EngineUnavailable
+(with the server's own message; EngineRequestError for a 400 or 422, the request's own
+fault), a body that is not JSON, and as EngineUnavailable
 (the server serves nothing more) a refused or dropped connection (with the last lines
 of the server's log when looprl launched it and it has exited) or a call after
 `close`. Control calls (pause, reload, resume) are retried once on a dropped
@@ -17,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from looprl.engines.base import EngineError, EngineUnavailable
+from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.servers.process import ServerProcess
 
 # One call's bound; a generation is also bounded by rollout.timeout_s.
@@ -49,6 +50,7 @@ class ServerClient:
         self.process = process
         if api_key is None:
             api_key = process.api_key if process else os.environ.get(ENGINE_KEY_VARIABLE)
+        self._has_key = bool(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=64)
         timeout = httpx.Timeout(_TIMEOUT_S, connect=10.0)
@@ -97,9 +99,21 @@ class ServerClient:
                     continue
                 raise EngineUnavailable(self._unreachable(path, e)) from e
         if response.status_code >= 400:
-            raise EngineError(
+            # 400/422: the server refused what was asked (a prompt too long for it, ...),
+            # which fails that request only; any other status is the server's own.
+            error = EngineRequestError if response.status_code in (400, 422) else EngineError
+            hint = ""
+            if response.status_code == 401:
+                hint = (
+                    "; it refused the key looprl sent (LOOPRL_ENGINE_API_KEY for a server "
+                    "attached by engine.url)"
+                    if self._has_key
+                    else f"; it needs an API key: set {ENGINE_KEY_VARIABLE} to the key it was "
+                    "started with"
+                )
+            raise error(
                 f"the {self.name} at {self.url} answered {method} {path} with "
-                f"{response.status_code}: {_message(response)}"
+                f"{response.status_code}: {_message(response)}{hint}"
             )
         if not response.content:
             return None

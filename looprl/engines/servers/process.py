@@ -64,13 +64,22 @@ class ServerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """Its exit code (-N: killed by signal N) once it has exited, waiting up to
+        `wait_s` for that; None while it runs, or after `stop`."""
+        if self._proc is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(wait_s)
+        return self._proc.returncode
+
     def start(self) -> ServerProcess:
         """Launch and wait for the health URL; raises ServerError with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
             log.write(f"$ {' '.join(self.cmd)}\n")
             log.flush()
-            self._proc = subprocess.Popen(
+            self._proc = proc = subprocess.Popen(
                 self.cmd,
                 env=self._env,
                 stdout=log,
@@ -79,9 +88,9 @@ class ServerProcess:
             )
         deadline = time.monotonic() + self._startup_timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:  # `proc`: a `stop` from another thread ends this too
                 raise ServerError(
-                    f"the {self.name} exited with code {self._proc.returncode} while "
+                    f"the {self.name} exited with code {proc.returncode} while "
                     f"starting; last lines of {self.log_path}:\n{self.log_tail()}"
                 )
             try:
@@ -103,13 +112,15 @@ class ServerProcess:
             return "(no log)"
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left of it."""
+        """SIGTERM the server's process group, then SIGKILL what is left of it (also
+        when the leader has died: its workers may live on)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout_s)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
         # What is left of the group: the leader after the timeout, or workers it left.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -7,8 +7,10 @@ weight update: write the folder, pause, load, record the version, resume (unless
 caller had paused). `ServerEngine` is the part of the Engine protocol every such
 adapter answers alike (version, weights, pause, resume, memory, stop); the adapters add
 `generate`. Pausing first drains our requests at the `RequestGate`, then makes
-the server's own pause call. Does not own the HTTP calls that differ between servers
-(pause, resume, load, generate): each adapter states its `ServerCalls`.
+the server's own pause call. A server looprl launched can be started again after it
+died (`restart`: same command, new port, the weights of the version it served). Does
+not own the HTTP calls that differ between servers (pause, resume, load, generate):
+each adapter states its `ServerCalls`; nor when to restart (the engine pool decides).
 
 Concurrency contract: `request()` (an async context manager, on the event loop) waits
 while paused, then yields the version that every token of that request carries; the
@@ -19,6 +21,8 @@ interleave, and each is a no-op when already done. Nothing runs in the backgroun
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -34,6 +38,10 @@ from looprl.engines.servers.process import ServerError, ServerProcess
 from looprl.engines.servers.request_gate import RequestGate
 from looprl.engines.servers.weight_folder import WeightFolder
 from looprl.types import FinishReason, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_EXIT_WAIT_S = 5.0  # restart: how long a server that dropped its connections may take to exit
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class ServerCalls:
 class ReloadableServer:
     """The server at `client.url`, loading new weights from `weights` through `calls`.
 
-    `process` is the server's process when looprl launched it (`start`), else None.
+    `process` is the server's process when looprl launched it (`start`), else None;
+    `process_for` then gives the process that serves a weight folder (for `restart`).
     """
 
     def __init__(
@@ -62,10 +71,12 @@ class ReloadableServer:
         calls: ServerCalls,
         *,
         process: ServerProcess | None = None,
+        process_for: Callable[[Path], ServerProcess] | None = None,
     ) -> None:
         self.client = client
         self.weights = weights
         self.process = process
+        self._process_for = process_for
         self._calls = calls
         self._version = 0
         self._gate = RequestGate()
@@ -75,17 +86,70 @@ class ReloadableServer:
 
     @classmethod
     async def start(
-        cls, process: ServerProcess, weights: WeightFolder, calls: ServerCalls
+        cls,
+        process_for: Callable[[Path], ServerProcess],
+        model_dir: Path,
+        weights: WeightFolder,
+        calls: ServerCalls,
     ) -> ReloadableServer:
-        """Start `process` (serving a version in `weights`) and wait until it is healthy;
-        if it cannot start, delete the weights and raise EngineError with its log's tail."""
+        """Start the process serving `model_dir` (a version in `weights`) and wait until
+        it is healthy; if it cannot start, delete the weights and raise EngineError with
+        its log's tail."""
+        process = process_for(model_dir)
         try:
             await asyncio.to_thread(process.start)
         except ServerError as e:
             weights.remove()
             raise EngineError(str(e)) from e
-        client = ServerClient(process.url, name=process.name, process=process)
-        return cls(client, weights, calls, process=process)
+        return cls(_client(process), weights, calls, process=process, process_for=process_for)
+
+    async def restart(self) -> None:
+        """Start the server looprl launched again, after it died or stopped answering:
+        what is left of it is stopped, its log kept beside the new one's, and the same
+        command runs on a new port, serving the weight folder of the version it served
+        (the version stays). It comes back not paused. EngineError when looprl did not
+        launch it or it cannot start."""
+        if self._process_for is None:
+            raise EngineError(
+                f"the {self.client.name} at {self.client.url} was not launched by looprl "
+                "(engine.url), so looprl cannot restart it; restart it where it runs"
+            )
+        model_dir = self.weights.path(self._version)
+        if not model_dir.is_dir():
+            raise EngineError(
+                f"cannot restart the {self.client.name}: the weights of version "
+                f"{self._version} it served are gone from {model_dir}"
+            )
+        async with self._control_lock:
+            dead, pid = self.process, self.process.pid
+            # A connection can drop a moment before the process is gone: give it that moment.
+            how = _exit(await asyncio.to_thread(dead.exit_code, _EXIT_WAIT_S))
+            await self.client.close()
+            await asyncio.to_thread(dead.stop)
+            kept = _keep_log(dead.log_path)
+            process = self._process_for(model_dir)
+            log.warning(
+                "The %s (pid %s, %s) %s; starting it again on %s, serving %s (policy version %d)%s",
+                dead.name,
+                pid,
+                dead.url,
+                how,
+                process.url,
+                model_dir,
+                self._version,
+                f"; the dead server's log is kept as {kept}" if kept else "",
+            )
+            self.process = process
+            try:
+                await asyncio.to_thread(process.start)
+            except ServerError as e:
+                raise EngineError(str(e)) from e
+            except asyncio.CancelledError:  # the thread goes on: end what it started
+                await asyncio.to_thread(process.stop)
+                raise
+            self.client = _client(process)
+            self._paused = self._released = False
+            self._gate.open()
 
     @property
     def version(self) -> int:
@@ -161,6 +225,35 @@ class ReloadableServer:
         self.weights.remove()
 
 
+def _client(process: ServerProcess) -> ServerClient:
+    """The connection to a server looprl launched."""
+    return ServerClient(process.url, name=process.name, process=process)
+
+
+def _exit(code: int | None) -> str:
+    """How a server's process ended, in words."""
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _keep_log(path: Path) -> Path | None:
+    """Move a dead server's log aside (vllm-0.log -> vllm-0.died-1.log, -2, ...), so the
+    new server's log does not overwrite it."""
+    if not path.exists():
+        return None
+    n = 1
+    while (kept := path.with_name(f"{path.stem}.died-{n}{path.suffix}")).exists():
+        n += 1
+    path.rename(kept)
+    return kept
+
+
 FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -184,6 +277,11 @@ class ServerEngine:
     @property
     def url(self) -> str:
         return self.server.client.url
+
+    @property
+    def launched(self) -> bool:
+        """Whether looprl launched the server, and so can `restart` it."""
+        return self.server.process is not None
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
@@ -237,7 +335,7 @@ class ServerEngine:
         """Write `model`'s weights as version 0 and start the server `process_for` that
         folder gives, waiting until it is healthy."""
         model_dir = await asyncio.to_thread(weights.write, model.state_dict(), 0)
-        return await ReloadableServer.start(process_for(model_dir), weights, calls)
+        return await ReloadableServer.start(process_for, model_dir, weights, calls)
 
     @staticmethod
     async def attach(
@@ -264,6 +362,11 @@ class ServerEngine:
         """While paused, free the server's GPU weights and KV cache (collocated with a
         trainer rank); the next weight load or resume takes them back."""
         await self.server.release_memory()
+
+    async def restart(self) -> None:
+        """Start the server looprl launched again after it died, on the weights and
+        version it served (`ReloadableServer.restart`)."""
+        await self.server.restart()
 
     async def stop(self) -> None:
         """Close the connection, stop the server looprl launched, delete the weights."""
