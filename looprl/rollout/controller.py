@@ -539,8 +539,9 @@ class RolloutController:
         return min(positions) if positions else None
 
     def state_dict(self) -> dict[str, Any]:
+        untrained = sum(bool(o.trajectories) for _, group in self._ready for o in group)
         return {
-            "staleness": self.staleness.state_dict(),
+            "staleness": self.staleness.state_dict(untrained),
             "groups_admitted": self._groups_admitted,
             "rollouts_seeded": self._rollouts_seeded,
         }

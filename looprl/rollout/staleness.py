@@ -81,8 +81,12 @@ class StalenessManager:
         self.accepted -= 1
         self.rejected += 1
 
-    def state_dict(self) -> dict:
-        return {"accepted": self.accepted, "rejected": self.rejected}
+    def state_dict(self, untrained: int) -> dict:
+        """The counts a resumed run starts from. `untrained`: accepted rollouts no batch
+        has taken yet. They are not saved (the resumed run samples their rows again), so
+        they leave `accepted`: counted, each would shrink the resumed run's lead over the
+        trainer for good, and after a few resumes an asynchronous run ran synchronously."""
+        return {"accepted": self.accepted - untrained, "rejected": self.rejected}
 
     def load_state_dict(self, state: dict) -> None:
         self.accepted, self.rejected, self.running = state["accepted"], state["rejected"], 0
