@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from looprl.config import Config, EngineConfig, load_config
-from looprl.engines.base import EngineError, EngineUnavailable
+from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
 from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
 from looprl.engines.servers.sglang import SGLangEngine, sglang_command
@@ -212,14 +212,19 @@ async def test_stop_token_ids_and_stop_strings_end_with_the_stop_in_the_output(e
 
 async def test_refuses_truncated_sampling_and_seeds_it_cannot_serve_exactly(engine, tokenizer):
     prompt = _prompt(tokenizer, "Hi")
-    with pytest.raises(EngineError, match=r"top_k=5.*before top-k/top-p truncation"):
+    with pytest.raises(EngineRequestError, match=r"top_k=5.*before top-k/top-p truncation"):
         await engine.generate(prompt, SamplingParams(max_new_tokens=4, top_k=5))
-    with pytest.raises(EngineError, match=r"top_p=0.9"):
+    with pytest.raises(EngineRequestError, match=r"top_p=0.9"):
         await engine.generate(prompt, SamplingParams(max_new_tokens=4, top_p=0.9))
-    with pytest.raises(EngineError, match=r"seed=3.*rollout.seeded=false"):
+    with pytest.raises(EngineRequestError, match=r"seed=3.*rollout.seeded=false"):
         await engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=3))
     # greedy ignores top-k/top-p, so nothing is truncated there
     gen = await engine.generate(prompt, SamplingParams(max_new_tokens=4, temperature=0, top_k=5))
+    assert len(gen.output_ids) == 4
+    # as is a temperature below MIN_TEMPERATURE
+    gen = await engine.generate(
+        prompt, SamplingParams(max_new_tokens=4, temperature=1e-6, top_p=0.5)
+    )
     assert len(gen.output_ids) == 4
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from torch import nn
 
 from looprl.config import EngineConfig
-from looprl.engines.base import EngineError
+from looprl.engines.base import EngineError, EngineRequestError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerProcess, free_port
 from looprl.engines.servers.reloadable import ServerCalls, ServerEngine, server_python
@@ -100,15 +100,15 @@ class SGLangEngine(ServerEngine):
         return cls(await cls.attach(client, weights, model, _CALLS))
 
     def check_sampling(self, sampling: SamplingParams) -> None:
-        if sampling.temperature > 0 and (sampling.top_k or sampling.top_p < 1):
-            raise EngineError(
+        if not sampling.greedy and (sampling.top_k or sampling.top_p < 1):
+            raise EngineRequestError(
                 f"top_k={sampling.top_k}, top_p={sampling.top_p}: SGLang reports logprobs "
                 "before top-k/top-p truncation, not those of the distribution it samples "
                 "from; use sampling.top_k=0 and sampling.top_p=1 with engine.type=sglang, or "
                 "engine.type=vllm"
             )
         if sampling.seed is not None:
-            raise EngineError(
+            raise EngineRequestError(
                 f"seed={sampling.seed}: the SGLang engine does not pass per-request seeds "
                 "(SGLang honors them only with --enable-deterministic-inference); set "
                 "rollout.seeded=false or use engine.type=vllm"
