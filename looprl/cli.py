@@ -272,7 +272,8 @@ def debug_consistency(
     ] = "local",
     worst: Annotated[int, typer.Option(min=1, help="Worst tokens listed per engine.")] = 5,
 ) -> None:
-    """Engine logprobs vs the trainer's on the same sampled tokens: mean/max |diff|, KL."""
+    """Engine logprobs vs the trainer's on the same sampled tokens: mean/max |diff|, KL,
+    share of ratios outside [0.5, 2]."""
     cfg = _config(config, overrides)
     types = [t.strip() for t in engines.split(",") if t.strip()]
     unknown = [t for t in types if t not in ("local", "vllm", "sglang")]
@@ -301,9 +302,9 @@ def debug_consistency(
         Console().print(worst_table)
     if cfg.sampling.top_k or cfg.sampling.top_p < 1:
         console.print(
-            f"note: sampling.top_k={cfg.sampling.top_k}, top_p={cfg.sampling.top_p}: engine "
-            "logprobs are renormalized over the kept tokens, the trainer's are not, so they "
-            "differ by design"
+            f"note: sampling.top_k={cfg.sampling.top_k}, top_p={cfg.sampling.top_p}: the "
+            "trainer renormalizes over the same top-k / top-p set as the engine, as in "
+            "training; the 'trainer untruncated' rows compare its full softmax instead"
         )
 
 

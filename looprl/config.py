@@ -23,6 +23,40 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(Section):
+    """LoRA (Hu et al., 2021) through peft: the base weights stay frozen, only low-rank
+    adapters train, and only the adapters travel to the engines and into checkpoints."""
+
+    rank: int = Field(
+        0, ge=0, le=1024, description="Adapter rank r; 0 (default) trains every weight."
+    )
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="Scaling numerator: an adapted weight is W + (alpha / rank) B A. "
+        "None: 2 x rank.",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Module names to adapt (e.g. [q_proj, v_proj]), or 'all-linear': every "
+        "linear layer of the decoder but the LM head.",
+    )
+    save_merged: bool = Field(
+        False,
+        description="Also write the adapter merged into the base as a plain Hugging Face "
+        "folder (run dir's model-merged/) at the end of training.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale_alpha(self) -> float:
+        return 2.0 * self.rank if self.alpha is None else self.alpha
+
+
 class ModelConfig(Section):
     path: str = Field(
         "default",
@@ -33,6 +67,10 @@ class ModelConfig(Section):
         "float32", description="Dtype of the trainer's master weights."
     )
     name: str = Field("policy", description="Model name the gateway reports to agents.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="Train LoRA adapters instead of every weight (model.lora.rank=16).",
+    )
 
 
 class EngineConfig(Section):
@@ -352,9 +390,48 @@ class RolloutConfig(Section):
         return self
 
 
+class OverlongConfig(Section):
+    """What happens to samples that run long (DAPO, Yu et al., 2025). A sample's length
+    is the sampled tokens of its longest model call (each call is bounded on its own)."""
+
+    soft_penalty_buffer_tokens: int = Field(
+        0,
+        ge=0,
+        description="DAPO's soft overlong punishment: a sample longer than max_tokens - "
+        "this gets (max_tokens - buffer - length) / buffer (down to -1 at max_tokens, -1 "
+        "beyond) x soft_penalty_factor added to its reward before advantages; 0 is off.",
+    )
+    soft_penalty_factor: float = Field(
+        1.0, ge=0, description="Scale of the soft overlong penalty (at most this much off)."
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="DAPO's overlong filtering: a sample cut off by the token limit "
+        "(finish_reason length, in any of its calls) is left out of the loss; its reward "
+        "still counts in its group's baseline.",
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="L_max of the soft penalty, in tokens; None: sampling.max_new_tokens.",
+    )
+
+
+# Each objective's paper clip range (eps_low, eps_high): PPO's usual 0.2; GSPO v2
+# section 5.1; CISPO: no lower bound (MiniMax-M1), a cap of 5 (ScaleRL).
+OBJECTIVE_CLIP = {"ppo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "cispo": (1.0, 4.0)}
+
+
 class TrainConfig(Section):
     algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
         "grpo", description="Advantage estimator."
+    )
+    objective: Literal["ppo", "gspo", "cispo"] = Field(
+        "ppo",
+        description="Policy loss: 'ppo' (clipped token ratio, clip-higher), 'gspo' (GSPO: "
+        "length-normalized sequence ratio, clipped per sequence), 'cispo' (CISPO: the "
+        "clipped token ratio as a stop-gradient weight on a REINFORCE term, no token "
+        "dropped). Formulas and papers in the README's algorithm table.",
     )
     lr: float = Field(2e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -363,27 +440,41 @@ class TrainConfig(Section):
         "constant", description="Schedule after warmup."
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    eps_clip: float = Field(0.2, gt=0, description="PPO lower clip: ratio >= 1 - eps_clip.")
-    eps_clip_high: float | None = Field(
-        None, gt=0, description="PPO upper clip (clip-higher); None uses eps_clip."
-    )
-    behavior_weight_cap: float | None = Field(
-        5.0,
+    eps_clip: float | None = Field(
+        None,
         gt=0,
-        description="Decoupled PPO: tokens whose behavior weight pi_prox/pi_behav "
-        "exceeds this are masked or truncated (behavior_weight_mode); None keeps every "
-        "weight as it is.",
+        description="Lower clip of the objective's ratio: >= 1 - eps_clip. None: the "
+        "objective's paper value (ppo 0.2, gspo 3e-4, cispo 1, i.e. no lower bound).",
     )
-    behavior_weight_mode: Literal["mask", "truncate"] = Field(
-        "mask",
-        description="Decoupled PPO, a weight above behavior_weight_cap: `mask` leaves its "
-        "token (or sequence) out of the loss, `truncate` lowers the weight to the cap.",
+    eps_clip_high: float | None = Field(
+        None,
+        gt=0,
+        description="Upper clip (clip-higher): ratio <= 1 + eps_clip_high. None: eps_clip "
+        "when that is set, else the objective's paper value (ppo 0.2, gspo 4e-4, cispo 4).",
     )
-    behavior_weight_level: Literal["token", "sequence"] = Field(
+    mismatch_correction: Literal["none", "tis", "mis"] = Field(
+        "mis",
+        description="What the behavior weight pi_prox/pi_behav (the engine-vs-trainer and "
+        "staleness importance weight of decoupled PPO) does to each token's loss: 'none' "
+        "(not applied; needs rollout.max_head_offpolicyness=0), 'tis' (multiplied by "
+        "min(w, mismatch_cap)), 'mis' (multiplied by w, tokens or sequences with w outside "
+        "[mismatch_floor, mismatch_cap] left out of the loss).",
+    )
+    mismatch_cap: float = Field(
+        5.0, gt=0, description="tis: the weight's truncation C; mis: its upper threshold."
+    )
+    mismatch_floor: float = Field(
+        0.0,
+        ge=0,
+        description="mis only: weights below this are left out too (e.g. 0.5, as IcePop); "
+        "0 leaves none out.",
+    )
+    mismatch_level: Literal["token", "sequence", "geometric"] = Field(
         "token",
-        description="Decoupled PPO: one behavior weight per token, or one per sequence "
-        "(the geometric mean of its tokens' weights) for every token of it.",
+        description="The weight per token, or one per sequence on all its tokens: "
+        "'sequence' the product of its tokens' weights, 'geometric' their geometric mean.",
     )
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
         "token_mean", description="How per-token losses are reduced over the batch."
     )
@@ -406,6 +497,27 @@ class TrainConfig(Section):
         "is logged at start.",
     )
     total_steps: int = Field(12, ge=0, description="Training steps to run.")
+
+    def clip_range(self) -> tuple[float, float]:
+        """(eps_low, eps_high) of the objective's ratio clip, the None fields resolved."""
+        low, high = OBJECTIVE_CLIP[self.objective]
+        if self.eps_clip is not None:
+            low = high = self.eps_clip
+        return low, high if self.eps_clip_high is None else self.eps_clip_high
+
+    @model_validator(mode="after")
+    def _mismatch_thresholds_apply(self) -> TrainConfig:
+        if self.mismatch_floor > 0 and self.mismatch_correction != "mis":
+            raise ValueError(
+                f"mismatch_floor={self.mismatch_floor:g} applies to mismatch_correction=mis "
+                f"only, not {self.mismatch_correction}; set it to 0 or use mis"
+            )
+        if self.mismatch_floor >= self.mismatch_cap:
+            raise ValueError(
+                f"mismatch_floor={self.mismatch_floor:g} must be below mismatch_cap="
+                f"{self.mismatch_cap:g}, or every token is left out of the loss"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -571,6 +683,32 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _stale_tokens_are_corrected(self) -> Config:
+        lag = self.rollout.max_head_offpolicyness
+        if self.train.mismatch_correction == "none" and lag > 0:
+            raise ValueError(
+                f"train.mismatch_correction=none with rollout.max_head_offpolicyness={lag}: "
+                "tokens sampled by older weights need the behavior weight pi_prox/pi_behav "
+                "that corrects for them; use tis or mis, or max_head_offpolicyness=0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> Config:
+        overlong = self.train.overlong
+        limit = overlong.max_tokens or self.sampling.max_new_tokens
+        if overlong.soft_penalty_buffer_tokens > limit:
+            where = (
+                "train.overlong.max_tokens" if overlong.max_tokens else "sampling.max_new_tokens"
+            )
+            raise ValueError(
+                "train.overlong.soft_penalty_buffer_tokens="
+                f"{overlong.soft_penalty_buffer_tokens} is longer than {where}={limit}: "
+                "the penalty would start before the first token; lower it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _slow_rollouts_are_no_hang(self) -> Config:
         hang_s, rollout_s = self.diagnostics.hang_timeout_s, self.rollout.timeout_s
         if 0 < hang_s <= rollout_s:
@@ -587,6 +725,12 @@ class Config(Section):
             raise ValueError(
                 f"scheduler.weight_sync=broadcast loads weights into local engines; "
                 f"engine.type={self.engine.type} servers load weight folders: use "
+                "scheduler.weight_sync=memory (or auto)"
+            )
+        if self.scheduler.weight_sync == "broadcast" and self.model.lora.enabled:
+            raise ValueError(
+                "scheduler.weight_sync=broadcast sends full weights; with model.lora the "
+                "replicas get the adapter (megabytes) through the object store: use "
                 "scheduler.weight_sync=memory (or auto)"
             )
         return self

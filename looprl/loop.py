@@ -29,7 +29,7 @@ from looprl.metrics import Metrics
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 from looprl.rollout.controller import RolloutController
 from looprl.runtime import release_free_memory
-from looprl.scheduling.parts import Parts, TrainerHandle
+from looprl.scheduling.parts import Parts, TrainerHandle, trainer_sampling
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.training.batch import build_batch
@@ -75,6 +75,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         cfg.task.name,
         run_dir,
     )
+    log.info("%s", describe_loss(cfg))
     rows = DataStream(task.train, cfg.run.seed)
     first_step = 1 if checkpoint is None else checkpoint.step + 1
     async with start_parts(cfg, configured_workflow(cfg, task)) as parts:
@@ -104,7 +105,11 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 rollout = await controller.prepare_batch(rows, first_position=rows.position)
                 watchdog.beat()
                 batch, batch_stats = build_batch(
-                    rollout.trajectories, cfg.train.algorithm, tokenizer.pad_token_id
+                    rollout.trajectories,
+                    cfg.train.algorithm,
+                    tokenizer.pad_token_id,
+                    cfg.train.overlong,
+                    cfg.sampling.max_new_tokens,
                 )
                 metrics.status("training")
                 train_stats = await train_step(trainer, batch, engine)
@@ -141,6 +146,26 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
     return TrainSummary(
         before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, run_dir, model_dir
+    )
+
+
+def describe_loss(cfg: Config) -> str:
+    """One sentence naming the loss as it runs: objective, resolved clip range, mismatch
+    correction, and the distribution the trainer's logprobs are of."""
+    train, sampling = cfg.train, trainer_sampling(cfg)
+    low, high = train.clip_range()
+    correction = {
+        "none": "not applied",
+        "tis": f"truncated at {train.mismatch_cap:g}",
+        "mis": f"weights outside [{train.mismatch_floor:g}, {train.mismatch_cap:g}] masked",
+    }[train.mismatch_correction]
+    return (
+        f"Loss: {train.algorithm} advantages, {train.objective} objective with its ratio "
+        f"clipped to [{1 - low:g}, {1 + high:g}] (eps_clip={low:g}, eps_clip_high={high:g}), "
+        f"{train.loss_agg} aggregation; behavior weight ({train.mismatch_level} level) "
+        f"{train.mismatch_correction}: {correction}; logprobs at temperature "
+        f"{sampling['temperature']:g}, top_k {sampling['top_k']}, top_p {sampling['top_p']:g} "
+        "(sampling's, forced on every training session)"
     )
 
 

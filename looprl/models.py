@@ -26,6 +26,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from looprl import adapters
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
@@ -42,7 +44,9 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(path: str) -> Path:
-    """Return a Hugging Face folder for `path`, converting the default model if needed."""
+    """Return a Hugging Face folder for `path`, converting the default model if needed.
+    A LoRA adapter folder (adapter_config.json, as `looprl train` with model.lora writes)
+    is returned as it is; `base_model_path` gives the model it adapts."""
     if path == DEFAULT_MODEL:
         return default_model_dir()
     folder = Path(path).expanduser()
@@ -51,6 +55,8 @@ def resolve_model_path(path: str) -> Path:
             f"model.path={path!r} is not a folder. Give a Hugging Face model folder "
             f"(config.json, *.safetensors, tokenizer files) or 'default'."
         )
+    if adapters.is_adapter_folder(folder):
+        return folder
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"model.path={path!r} has no config.json; it is not a Hugging Face model folder."
@@ -134,12 +140,31 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def base_model_path(path: str | Path) -> Path:
+    """The model folder of `path`: itself, or for a LoRA adapter folder the base model its
+    adapter_config.json names."""
+    folder = resolve_model_path(str(path))
+    if not adapters.is_adapter_folder(folder):
+        return folder
+    _, base = adapters.read_folder(folder)
+    if not base:
+        raise FileNotFoundError(
+            f"{folder / adapters.CONFIG_FILE} names no base_model_name_or_path; "
+            "looprl cannot tell which model the adapter belongs to"
+        )
+    return resolve_model_path(base)
+
+
 def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
-    """Load a causal LM from a folder (or 'default') in eval mode on CPU."""
+    """Load a causal LM from a folder (or 'default') in eval mode on CPU. A LoRA adapter
+    folder loads as its base model with the adapter merged in."""
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
-    folder = resolve_model_path(str(path))
+    folder = base_model_path(path)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    if adapters.is_adapter_folder(resolve_model_path(str(path))):
+        adapter, _ = adapters.read_folder(resolve_model_path(str(path)))
+        model.load_state_dict(adapters.merge(model.state_dict(), adapter))
     model.eval()
     return model
 
@@ -152,7 +177,7 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) ->
 
 
 def model_config(path: str | Path):
-    return AutoConfig.from_pretrained(resolve_model_path(str(path)))
+    return AutoConfig.from_pretrained(base_model_path(path))
 
 
 def context_length(path: str | Path) -> int:

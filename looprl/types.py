@@ -82,6 +82,52 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """One version of a LoRA adapter, as the trainer hands it to engines.
+
+    `tensors` is keyed by the adapted module's Hugging Face name followed by
+    `.lora_A.weight` (rank x in_features) or `.lora_B.weight` (out_features x rank), e.g.
+    `model.layers.0.self_attn.q_proj.lora_A.weight`: no peft prefix. A module's weight
+    with the adapter applied is `W + scaling * B @ A`, scaling = alpha / rank.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for module in self.modules():
+            a = self.tensors[f"{module}.lora_A.weight"]
+            b = self.tensors.get(f"{module}.lora_B.weight")
+            if b is None or a.shape[0] != self.rank or b.shape[1] != self.rank:
+                raise ValueError(
+                    f"LoraAdapter {module}: lora_A {tuple(a.shape)} and lora_B "
+                    f"{None if b is None else tuple(b.shape)} are not (rank, in) and (out, "
+                    f"rank) for rank {self.rank}"
+                )
+        if len(self.tensors) != 2 * len(self.modules()):
+            raise ValueError(
+                "LoraAdapter.tensors holds names other than <module>.lora_A.weight / "
+                f".lora_B.weight pairs: {sorted(self.tensors)[:4]}..."
+            )
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def modules(self) -> list[str]:
+        """The adapted modules' names, e.g. `model.layers.0.self_attn.q_proj`."""
+        return sorted(
+            {k.removesuffix(".lora_A.weight") for k in self.tensors if k.endswith(".lora_A.weight")}
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+@dataclass(frozen=True)
 class SessionHandle:
     """What an agent needs to talk to one gateway session: an OpenAI base_url and key."""
 
@@ -123,7 +169,10 @@ class Trajectory:
     All tensors are 1-D of length T and aligned with `input_ids`: position t describes
     token `input_ids[t]`. `loss_mask[t]` is True exactly where the policy sampled the
     token; `behavior_logprobs[t]` is the engine's logprob of that token (0 elsewhere)
-    and `versions[t]` the policy version that sampled it (-1 elsewhere).
+    and `versions[t]` the policy version that sampled it (-1 elsewhere). `truncated`: a
+    model call of the sample stopped at its token limit (finish_reason "length");
+    `longest_call_tokens`: the most tokens sampled by one of its calls, the length that
+    limit bounds (None: all its sampled tokens, as for one call).
     """
 
     input_ids: torch.Tensor  # (T,) int64
@@ -134,6 +183,8 @@ class Trajectory:
     group_id: str = ""
     session_id: str = ""
     text: str = ""
+    truncated: bool = False
+    longest_call_tokens: int | None = None
 
     def __post_init__(self) -> None:
         t = self.input_ids.shape
@@ -149,6 +200,8 @@ class Trajectory:
             raise ValueError("Trajectory.loss_mask has no sampled token; nothing to train on")
         if bool(self.loss_mask[0]):
             raise ValueError("Trajectory.loss_mask[0] is True; the first token is never sampled")
+        if self.longest_call_tokens is None:
+            self.longest_call_tokens = self.num_sampled_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -171,6 +224,8 @@ class Trajectory:
             "group_id": self.group_id,
             "session_id": self.session_id,
             "text": self.text,
+            "truncated": self.truncated,
+            "longest_call_tokens": self.longest_call_tokens,
         }
 
     @classmethod
@@ -184,4 +239,6 @@ class Trajectory:
             group_id=row.get("group_id", ""),
             session_id=row.get("session_id", ""),
             text=row.get("text", ""),
+            truncated=bool(row.get("truncated", False)),
+            longest_call_tokens=row.get("longest_call_tokens"),
         )

@@ -4,15 +4,19 @@ same tokens (`looprl debug consistency`).
 Owns `measure` (generate with an engine, recompute the logprobs of exactly the tokens
 it sampled with `Trainer.compute_logprobs`, as the training step does, and compare)
 and `check_consistency` (that, for each engine backend asked for, on the configured
-model, task prompts and sampling). Reported per engine: mean and max |engine - trainer|
-over sampled tokens, the KL from the engine's sampling distribution to the trainer's
-(k3 estimator, mean of exp(r) - 1 - r with r = trainer - engine logprob, over tokens
-the engine sampled: unbiased and never negative), and the worst tokens.
+model, task prompts and sampling). Reported per engine, with the function the trainer
+logs every step (losses.mismatch_metrics): mean |engine - trainer| over sampled tokens,
+the KL from the engine's sampling distribution to the trainer's (k3 estimator, mean of
+exp(r) - 1 - r with r = trainer - engine logprob, over tokens the engine sampled:
+unbiased and never negative), the fraction of tokens whose ratio pi_trainer/pi_engine
+is outside [0.5, 2]; then the max |engine - trainer| and the worst tokens.
 
 Differences come from the engine's dtype (engine.dtype: bf16 vs the trainer's float32
-weights, possibly under bf16 autocast, train.compute_dtype), its kernels, and, by
-design, top-k / top-p: the engine's logprobs are renormalized over the tokens it kept,
-the trainer's are not.
+weights, possibly under bf16 autocast, train.compute_dtype) and its kernels. Top-k /
+top-p are accounted for: the engine's logprobs are renormalized over the tokens it
+kept, and so are the trainer's (`sampled_logprobs`, the sampling the gateway forces in
+training). With truncation on, a second row per engine compares the same tokens with
+the trainer's full softmax, to show what that accounts for.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
 from looprl.scheduling.parts import build_trainer
 from looprl.tasks import load_task
-from looprl.training.batch import build_batch
+from looprl.training.batch import TrainBatch, build_batch
+from looprl.training.losses import MISMATCH_RATIO_RANGE, mismatch_metrics
 from looprl.training.trainer import Trainer
 from looprl.types import Generation, Interaction, SamplingParams, Trajectory
 from looprl.workflow import chat_messages
@@ -68,9 +73,11 @@ class ConsistencyReport:
     mean_abs_diff: float
     max_abs_diff: float
     kl: float
+    ratio_outside_frac: float
     worst: list[WorstToken]
 
     def summary(self) -> dict[str, float | int | str]:
+        low, high = MISMATCH_RATIO_RANGE
         return {
             "engine": self.engine,
             "samples": self.samples,
@@ -78,6 +85,7 @@ class ConsistencyReport:
             "mean |diff|": self.mean_abs_diff,
             "max |diff|": self.max_abs_diff,
             "KL(engine||trainer)": self.kl,
+            f"ratio outside [{low:g}, {high:g}]": self.ratio_outside_frac,
         }
 
 
@@ -93,14 +101,32 @@ async def measure(
 ) -> ConsistencyReport:
     """Generate one completion per prompt with `engine` (concurrently), recompute its
     tokens' logprobs with `trainer`, and compare them."""
+    generations, batch = await sample(engine, tokenizer, prompts, sampling)
+    return compare(generations, batch, trainer.compute_logprobs(batch), tokenizer, name, worst)
+
+
+async def sample(
+    engine: Engine, tokenizer, prompts: list[list[int]], sampling: SamplingParams
+) -> tuple[list[Generation], TrainBatch]:
+    """One completion per prompt from `engine` (concurrently), and as a batch."""
     generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
     batch, _ = build_batch([_trajectory(g) for g in generations], "grpo", tokenizer.pad_token_id)
-    trainer_logprobs = trainer.compute_logprobs(batch)  # (N, T)
+    return list(generations), batch
+
+
+def compare(
+    generations: list[Generation],
+    batch: TrainBatch,
+    trainer_logprobs: torch.Tensor,
+    tokenizer,
+    name: str,
+    worst: int = 5,
+) -> ConsistencyReport:
+    """The report of `batch`'s engine logprobs against `trainer_logprobs` (N, T)."""
     mask = batch.loss_mask  # (N, T)
+    figures = mismatch_metrics(trainer_logprobs, batch.behavior_logprobs, mask)
     engine_lp, trainer_lp = batch.behavior_logprobs[mask], trainer_logprobs[mask]  # (K,)
     diff = (engine_lp - trainer_lp).abs()
-    r = trainer_lp - engine_lp
-    kl = (r.exp() - 1 - r).mean()
     rows, cols = mask.nonzero(as_tuple=True)  # row-major, as the masked values above
     worst_tokens = []
     for k in diff.argsort(descending=True)[:worst].tolist():
@@ -118,11 +144,12 @@ async def measure(
         )
     return ConsistencyReport(
         engine=name,
-        samples=len(prompts),
+        samples=len(generations),
         tokens=int(mask.sum()),
-        mean_abs_diff=float(diff.mean()),
+        mean_abs_diff=figures["mismatch_logprob_abs_mean"],
         max_abs_diff=float(diff.max()),
-        kl=float(kl),
+        kl=figures["mismatch_kl_k3"],
+        ratio_outside_frac=figures["mismatch_ratio_outside_frac"],
         worst=worst_tokens,
     )
 
@@ -132,8 +159,10 @@ async def check_consistency(
 ) -> list[ConsistencyReport]:
     """`measure` for each engine type in turn, on `samples` prompts of the task's train
     split, sampled as `cfg.sampling` says. The configured engine runs with its options;
-    another type runs with its defaults and engine.dtype. Engine files (server logs,
-    weight folders) go to <run_dir>/consistency."""
+    another type runs with its defaults and engine.dtype. With top_k / top_p set, each
+    engine gets a second report, named "<engine>, trainer untruncated", of the same
+    tokens against the trainer's full softmax. Engine files (server logs, weight
+    folders) go to <run_dir>/consistency."""
     if samples < 1:
         raise ValueError(f"--samples={samples} must be >= 1")
     torch.manual_seed(cfg.run.seed)
@@ -158,13 +187,26 @@ async def check_consistency(
         run_cfg = cfg.model_copy(update={"engine": engine_cfg})
         engine = await start_engine(run_cfg, policy, tokenizer, Path(cfg.run_dir, "consistency"))
         try:
-            report = await measure(
-                engine, trainer, tokenizer, prompts, sampling, name=engine_type, worst=worst
-            )
+            generations, batch = await sample(engine, tokenizer, prompts, sampling)
         finally:
             await engine.stop()
-        reports.append(report)
+        trainer_logprobs = trainer.compute_logprobs(batch)
+        reports.append(compare(generations, batch, trainer_logprobs, tokenizer, engine_type, worst))
+        if trainer.top_k or trainer.top_p < 1:
+            full = _untruncated_logprobs(trainer, batch)
+            name = f"{engine_type}, trainer untruncated"
+            reports.append(compare(generations, batch, full, tokenizer, name, worst))
     return reports
+
+
+def _untruncated_logprobs(trainer: Trainer, batch: TrainBatch) -> torch.Tensor:
+    """`trainer`'s logprobs of `batch` under its full softmax, without top_k / top_p."""
+    truncation = trainer.top_k, trainer.top_p
+    trainer.top_k, trainer.top_p = 0, 1.0
+    try:
+        return trainer.compute_logprobs(batch)
+    finally:
+        trainer.top_k, trainer.top_p = truncation
 
 
 def task_prompts(cfg: Config, tokenizer, samples: int) -> list[list[int]]:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from looprl.types import Generation, SamplingParams
+from looprl.types import Generation, LoraAdapter, SamplingParams
 
 
 class EngineError(RuntimeError):
@@ -53,6 +53,11 @@ class Engine(Protocol):
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights; tokens sampled afterwards carry `version`."""
+        ...
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve the base weights with `adapter` applied (replacing the previous adapter,
+        never reloading the base); tokens sampled afterwards carry `version`."""
         ...
 
     async def pause(self) -> None:

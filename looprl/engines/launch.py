@@ -86,6 +86,7 @@ async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) 
             run_dir=run_dir,
             served_name=cfg.model.name,
             gpus=gpus,
+            max_lora_rank=cfg.model.lora.rank,
         )
     return await SGLangEngine.launch_server(
         engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir, served_name=cfg.model.name

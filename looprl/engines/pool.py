@@ -29,11 +29,11 @@ none healthy and none restarting, every call raises EngineUnavailable naming eac
 replica and why it was marked. The log says what died and why, that it is being
 restarted, and how long the restart took and which version it serves, or why it failed.
 
-Weights: update_weights, pause and resume go to every healthy replica at once, and to a
-restarting one once it is back (so it comes back with the newest weights); a replica
-failing with EngineUnavailable is marked (and restarted) and the others go on.
-`version` is the lowest among healthy and restarting replicas. `stop` cancels the
-restarts under way and stops every replica.
+Weights: update_weights (or update_adapter), pause and resume go to every healthy
+replica at once, and to a restarting one once it is back (so it comes back with the
+newest weights); a replica failing with EngineUnavailable is marked (and restarted) and
+the others go on. `version` is the lowest among healthy and restarting replicas. `stop`
+cancels the restarts under way and stops every replica.
 
 Concurrency contract: everything runs on the callers' event loop, and the bookkeeping
 (counters, health, the session map) changes between awaits only, so it needs no lock.
@@ -56,7 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from looprl.engines.base import Engine, EngineUnavailable
-from looprl.types import Generation, SamplingParams
+from looprl.types import Generation, LoraAdapter, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,10 @@ class EnginePool:
         """Load `state_dict` as `version` in every healthy replica at once, and in a
         restarting one once it is back."""
         await self._fan_out(lambda engine: engine.update_weights(state_dict, version))
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Apply `adapter` as `version` in every healthy replica, as `update_weights`."""
+        await self._fan_out(lambda engine: engine.update_adapter(adapter, version))
 
     async def pause(self) -> None:
         self._paused = True

@@ -18,6 +18,10 @@ Rewards. A float R is the rollout's reward; with K calls (empty ones left out), 
 A concatenated sample gets the reward of its last call. A dict {completion_id: reward}
 gives per-call credit as it is (no discount), so it always exports per call; calls it
 does not name are dropped and counted.
+
+Length. A sample is `truncated` when any of its calls stopped at the token limit
+(finish_reason "length"), and its length for overlong shaping is its longest call's
+sampled tokens (`longest_call_tokens`): the limit bounds each call, not the sum.
 """
 
 from __future__ import annotations
@@ -170,4 +174,6 @@ def _assemble(
         group_id=group_id,
         session_id=session_id,
         text=decode(ids) if decode else "",
+        truncated=any(it.finish_reason == "length" for it in chain),
+        longest_call_tokens=max(len(it.output_ids) for it in chain),
     )

@@ -4,8 +4,9 @@ controller, and a trainer handle; and the one way a trainer is built.
 Owns `Parts`, the `TrainerHandle` protocol (the loop's view of the trainer, whether it
 lives in this process or is a group of ranks elsewhere), `gateway_and_controller`, which
 puts a gateway and a rollout controller in front of any engine, and `build_trainer`
-with the temperature rule. The single-process scheduler (single_process.py) and the
-Ray scheduler (ray.py) differ only in where the engine and the trainer run.
+with the rule for the distribution its logprobs are of (`trainer_sampling`). The
+single-process scheduler (single_process.py) and the Ray scheduler (ray.py) differ only
+in where the engine and the trainer run.
 """
 
 from __future__ import annotations
@@ -26,34 +27,45 @@ from looprl.models import context_length, load_model
 from looprl.rollout import RolloutController
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
+from looprl.types import MIN_TEMPERATURE
 from looprl.workflow import Workflow
 
 log = logging.getLogger(__name__)
 
 
-def trainer_temperature(cfg: Config) -> float:
-    """The temperature the trainer computes logprobs at: the rollouts' own.
+def trainer_sampling(cfg: Config) -> dict[str, Any]:
+    """The distribution the trainer computes logprobs under: the rollouts' own, as the
+    Trainer's `temperature`, `top_k` and `top_p`.
 
     Decoupled PPO weighs each token by pi_trainer / pi_engine, and the engine's logprobs
-    are those of the distribution it sampled from, softmax(logits / T). The trainer must
-    take the same T, so the rollouts' temperature is not the agent's to change either
-    (`gateway_and_controller` forces it on every session). Greedy sampling (T = 0) has
-    no such distribution; the trainer then takes the model's own, T = 1.
+    are those of the distribution it sampled from: softmax(logits / T), restricted to the
+    top-k / top-p set and renormalized when sampling truncates. The trainer must take the
+    same T and truncation, so they are not the agent's to change either
+    (`gateway_and_controller` forces them on every session). Greedy sampling (T = 0) has
+    no such distribution; the trainer then takes the model's own, T = 1, untruncated.
     """
-    return cfg.sampling.temperature or 1.0
+    s = cfg.sampling
+    if s.temperature < MIN_TEMPERATURE:
+        return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
 
 
 def build_trainer(
     cfg: Config, policy: nn.Module, trainer_class: type[Trainer] = Trainer
 ) -> Trainer:
-    """The trainer of `cfg` on `policy` (and its device): `trainer_temperature`, and a
-    frozen reference copy of the model loaded beside it when train.kl_coef > 0."""
+    """The trainer of `cfg` on `policy` (and its device): `trainer_sampling`, LoRA
+    adapters around it with model.lora, and, when train.kl_coef > 0, a frozen reference
+    copy of the model loaded beside it (with model.lora the frozen base is the reference)."""
     reference = None
-    if cfg.train.kl_coef > 0:
+    if cfg.train.kl_coef > 0 and not cfg.model.lora.enabled:
         device = next(policy.parameters()).device
         reference = load_model(cfg.model.path, cfg.model.dtype).to(device)
     return trainer_class(
-        policy, cfg.train, temperature=trainer_temperature(cfg), ref_model=reference
+        policy,
+        cfg.train,
+        **trainer_sampling(cfg),
+        ref_model=reference,
+        lora=cfg.model.lora,
     )
 
 
@@ -70,7 +82,8 @@ class TrainerHandle(Protocol):
         ...
 
     async def push_weights(self) -> None:
-        """Give the engine(s) this trainer feeds the current weights, tagged `version`."""
+        """Give the engine(s) this trainer feeds the current weights, tagged `version`
+        (with model.lora, the adapter only)."""
         ...
 
     async def state_dict(self) -> dict[str, Any]:
@@ -80,7 +93,9 @@ class TrainerHandle(Protocol):
     async def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     async def save_model(self, tokenizer, out: Path) -> Path:
-        """The current policy as a Hugging Face folder (safetensors + tokenizer)."""
+        """The current policy as a Hugging Face folder (safetensors + tokenizer); with
+        model.lora the adapter as a peft folder, and with model.lora.save_merged also the
+        merged model beside it (`<out>-merged`)."""
         ...
 
 
@@ -125,8 +140,12 @@ async def gateway_and_controller(
         version=lambda: engine.version,
         decode=tokenizer.decode,
         seed=cfg.run.seed,
-        # The trainer's logprobs are at this temperature (trainer_temperature says why).
-        sampling_overrides={"temperature": cfg.sampling.temperature},
+        # The trainer's logprobs are under this sampling (trainer_sampling says why).
+        sampling_overrides={
+            "temperature": cfg.sampling.temperature,
+            "top_p": cfg.sampling.top_p,
+            "top_k": cfg.sampling.top_k,
+        },
     )
     try:
         yield Parts(engine, server, controller, tokenizer)

@@ -51,14 +51,15 @@ from looprl.config import Config
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
 from looprl.engines.servers.reloadable import ServerEngine
-from looprl.models import load_model, load_tokenizer
+from looprl.models import base_model_path, load_model, load_tokenizer
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
 from looprl.scheduling.ranks import RankFailed, join_group
 from looprl.scheduling.single_process import save_policy
+from looprl.training import lora
 from looprl.training.batch import TrainBatch
-from looprl.types import Generation, SamplingParams
+from looprl.types import Generation, LoraAdapter, SamplingParams
 from looprl.workflow import Workflow
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,10 @@ class EngineReplica:
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         await self.engine.update_weights(state_dict, version)
+        return self.engine.version
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> int:
+        await self.engine.update_adapter(adapter, version)
         return self.engine.version
 
     async def pause(self) -> None:
@@ -211,9 +216,11 @@ class TrainerRank:
         return stats
 
     def weights(self) -> list[ray.ObjectRef] | None:
-        """The full weights (a collective: every rank calls it). Rank 0 puts them in the
-        object store once and returns [ref], which replicas fetch without the driver."""
-        return self._put(self.trainer.state_dict_for_engine())
+        """The full weights, or with model.lora the adapter (a collective: every rank calls
+        it). Rank 0 puts them in the object store once and returns [ref], which replicas
+        fetch without the driver."""
+        adapter = self.trainer.adapter_for_engine()
+        return self._put(self.trainer.state_dict_for_engine() if adapter is None else adapter)
 
     def current_weights(self) -> tuple[list[ray.ObjectRef] | None, int]:
         """`weights()` and their version, read together (for a restarted replica)."""
@@ -279,9 +286,11 @@ class RayEngine:
         *,
         new_actor: Callable[[], Any],
         current_weights: Callable[[], Awaitable[tuple[ray.ObjectRef, int]]],
+        adapters: bool = False,
     ):
         self.actor, self.name, self.info = actor, name, info
         self._new_actor, self._current_weights = new_actor, current_weights
+        self._adapters = adapters  # current_weights gives a LoRA adapter (model.lora)
         self._version = 0
 
     @property
@@ -297,6 +306,10 @@ class RayEngine:
         """`state_dict`: a dict of tensors, or a Ray ObjectRef of one (fetched by the
         replica itself, not through this process)."""
         self._version = await self._call(self.actor.update_weights.remote(state_dict, version))
+
+    async def update_adapter(self, adapter, version: int) -> None:
+        """`adapter`: a LoraAdapter, or a Ray ObjectRef of one."""
+        self._version = await self._call(self.actor.update_adapter.remote(adapter, version))
 
     async def receive_weights(self) -> None:
         self._version = await self._call(self.actor.receive_weights.remote())
@@ -321,7 +334,8 @@ class RayEngine:
         self.actor = self._new_actor()
         self.info = await self._call(self.actor.start.remote())
         state_ref, version = await self._current_weights()
-        self._version = await self._call(self.actor.update_weights.remote(state_ref, version))
+        load = self.actor.update_adapter if self._adapters else self.actor.update_weights
+        self._version = await self._call(load.remote(state_ref, version))
         log.info(
             "Engine %s: a new actor (pid %s on %s) replaces the one that died (pid %s on "
             "%s), loaded with the trainer's weights of version %d",
@@ -373,7 +387,10 @@ class RankGroup:
             )
             return
         (state_ref,) = (await self._all("weights"))[0]
-        await self.pool.update_weights(state_ref, self._version)
+        if self.cfg.model.lora.enabled:
+            await self.pool.update_adapter(state_ref, self._version)
+        else:
+            await self.pool.update_weights(state_ref, self._version)
 
     async def current_weights(self) -> tuple[ray.ObjectRef, int]:
         """The weights now, in the object store, and their version, both read on the
@@ -391,6 +408,12 @@ class RankGroup:
 
     async def save_model(self, tokenizer, out: Path) -> Path:
         (state_ref,) = (await self._all("weights"))[0]
+        lora_cfg = self.cfg.model.lora
+        if lora_cfg.enabled:
+            base = str(base_model_path(self.cfg.model.path))
+            return lora.save_outputs(
+                await state_ref, base, tokenizer, out, merged=lora_cfg.save_merged
+            )
         model = load_model(self.cfg.model.path, self.cfg.model.dtype)  # with its generation config
         model.load_state_dict(await state_ref)
         return save_policy(model, tokenizer, out)
@@ -568,6 +591,7 @@ async def _start_engines(cfg: Config, plan: Plan, group: RankGroup) -> list[RayE
                 info,
                 new_actor=functools.partial(new_actor, index),
                 current_weights=group.current_weights,
+                adapters=cfg.model.lora.enabled,
             )
         )
     return engines

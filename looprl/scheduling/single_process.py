@@ -28,6 +28,7 @@ from looprl.engines.pool import EnginePool
 from looprl.engines.servers.reloadable import ServerEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
+from looprl.training import lora
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
 from looprl.workflow import Workflow
@@ -40,8 +41,9 @@ class LocalTrainer:
     calls. A step runs in a worker thread, so that the event loop (gateway, workflows,
     timeouts) stays live."""
 
-    def __init__(self, trainer: Trainer, engine: Engine):
+    def __init__(self, trainer: Trainer, engine: Engine, *, save_merged: bool = False):
         self.trainer, self.engine = trainer, engine
+        self.save_merged = save_merged
 
     @property
     def version(self) -> int:
@@ -51,7 +53,13 @@ class LocalTrainer:
         return await asyncio.to_thread(self.trainer.train_step, batch)
 
     async def push_weights(self) -> None:
-        await self.engine.update_weights(self.trainer.state_dict_for_engine(), self.trainer.version)
+        adapter = self.trainer.adapter_for_engine()
+        if adapter is None:
+            await self.engine.update_weights(
+                self.trainer.state_dict_for_engine(), self.trainer.version
+            )
+        else:
+            await self.engine.update_adapter(adapter, self.trainer.version)
 
     async def state_dict(self) -> dict[str, Any]:
         return self.trainer.state_dict()
@@ -60,13 +68,22 @@ class LocalTrainer:
         self.trainer.load_state_dict(state)
 
     async def save_model(self, tokenizer, out: Path) -> Path:
-        return save_policy(self.trainer.model, tokenizer, out)
+        return await asyncio.to_thread(
+            save_policy, self.trainer.model, tokenizer, out, merged=self.save_merged
+        )
 
 
-def save_policy(model: nn.Module, tokenizer, out: Path) -> Path:
-    """Save as a Hugging Face folder (safetensors, tokenizer, chat template)."""
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+def save_policy(model: nn.Module, tokenizer, out: Path, *, merged: bool = False) -> Path:
+    """Save as a Hugging Face folder (safetensors, tokenizer, chat template). A model with
+    LoRA adapters is saved as its adapter folder, and with `merged` also merged into the
+    base as a plain folder `<out>-merged`."""
+    if not lora.is_lora(model):
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        return out
+    lora.save_outputs(lora.adapter_of(model), lora.base_path(model), tokenizer, out, merged=merged)
+    if merged:
+        log.info("Saved the policy merged with its adapter to %s-merged", out)
     return out
 
 
@@ -78,14 +95,14 @@ async def start_single_process(
     the engine copies. Without `train` the engine serves `model` when given, else the
     configured model."""
     tokenizer = load_tokenizer(cfg.model.path)
-    trainer = None
     if train:
-        trainer = build_trainer(cfg, load_model(cfg.model.path, cfg.model.dtype))
-        model = trainer.model
+        model = load_model(cfg.model.path, cfg.model.dtype)
     elif model is None:
         model = load_model(cfg.model.path)
     with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
         engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
+    # After the engine copied the policy: with model.lora the trainer wraps it in place.
+    trainer = build_trainer(cfg, model) if train else None
     health = None
     if isinstance(engine, ServerEngine) and engine.launched:
         name, restarts = f"{engine.kind} server", cfg.engine.max_restarts
@@ -95,7 +112,10 @@ async def start_single_process(
         async with gateway_and_controller(
             cfg, engine, tokenizer, workflow, engine_health=health
         ) as parts:
-            parts.trainer = None if trainer is None else LocalTrainer(trainer, engine)
+            if trainer is not None:
+                parts.trainer = LocalTrainer(
+                    trainer, engine, save_merged=cfg.model.lora.save_merged
+                )
             yield parts
     finally:
         await engine.stop()  # a launched server process must not outlive the run

@@ -1,10 +1,10 @@
 """Trajectories -> padded training tensors, and the splits the trainer iterates over.
 
 Owns: `TrainBatch` (right-padded (N, T) tensors plus per-sequence advantages),
-`build_batch` (groups from `Trajectory.group_id`, advantages from advantages.py),
-mini-batches (by sequences, one optimizer step each) and micro-batches
-(first-fit-decreasing by padded token count, one forward/backward each). Does not own
-models, losses or which algorithm computes the advantages.
+`build_batch` (groups from `Trajectory.group_id`, overlong shaping from overlong.py,
+advantages from advantages.py), mini-batches (by sequences, one optimizer step each)
+and micro-batches (first-fit-decreasing by padded token count, one forward/backward
+each). Does not own models, losses or which algorithm computes the advantages.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from looprl.config import OverlongConfig
 from looprl.training.advantages import compute_advantages
+from looprl.training.overlong import shape_overlong
 from looprl.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ class TrainBatch:
     behavior_logprobs: torch.Tensor  # (N, T) float32, from the engine
     versions: torch.Tensor  # (N, T) int64
     advantages: torch.Tensor  # (N,) float32
-    rewards: torch.Tensor  # (N,) float32
+    rewards: torch.Tensor  # (N,) float32, those advantages were computed from (shaped)
     group_index: torch.Tensor  # (N,) int64, 0..G-1 in order of first appearance
     proximal_logprobs: torch.Tensor | None = None  # (N, T) float32
     ref_logprobs: torch.Tensor | None = None  # (N, T) float32
@@ -66,10 +68,18 @@ class TrainBatch:
 
 
 def build_batch(
-    trajectories: list[Trajectory], algorithm: str, pad_token_id: int
+    trajectories: list[Trajectory],
+    algorithm: str,
+    pad_token_id: int,
+    overlong: OverlongConfig | None = None,
+    max_new_tokens: int | None = None,
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Pad trajectories into a TrainBatch; trajectories with equal `group_id` form a group
-    whose advantages `algorithm` (train.algorithm) computes from their rewards."""
+    whose advantages `algorithm` (train.algorithm) computes from their rewards, shaped
+    by `overlong` (train.overlong; its L_max defaults to `max_new_tokens`) first. A
+    sample it leaves out keeps its row, with no token in the loss mask and advantage 0.
+    Stats: the advantages' (`reward_mean` of the rewards before shaping), the overlong
+    counts, and token counts of what was sampled (samples left out included)."""
     if not trajectories:
         raise ValueError("build_batch got no trajectories")
     n, width = len(trajectories), max(t.num_tokens for t in trajectories)
@@ -89,7 +99,23 @@ def build_batch(
         group_ids.setdefault(t.group_id, len(group_ids))
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     group_index = torch.tensor([group_ids[t.group_id] for t in trajectories], dtype=torch.int64)
-    advantages, stats = compute_advantages(algorithm, rewards, group_index)
+    shaped, left_out, overlong_stats = rewards, torch.zeros(n, dtype=torch.bool), {}
+    if overlong is not None:
+        limit = overlong.max_tokens or max_new_tokens
+        if limit is None:
+            raise ValueError(
+                "build_batch needs max_new_tokens when train.overlong.max_tokens is None"
+            )
+        lengths = torch.tensor([t.longest_call_tokens for t in trajectories], dtype=torch.int64)
+        truncated = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool)
+        shaped, left_out, overlong_stats = shape_overlong(
+            rewards, lengths, truncated, overlong, limit
+        )
+    advantages, stats = compute_advantages(algorithm, shaped, group_index)
+    stats.update(overlong_stats, reward_mean=float(rewards.mean()))
+    num_sampled_tokens = int(loss_mask.sum())
+    loss_mask[left_out] = False
+    advantages = torch.where(left_out, 0.0, advantages)
     batch = TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -97,13 +123,13 @@ def build_batch(
         behavior_logprobs=behavior_logprobs,
         versions=versions,
         advantages=advantages,
-        rewards=rewards,
+        rewards=shaped,
         group_index=group_index,
     )
     stats.update(
         num_sequences=float(n),
         num_tokens=float(batch.num_tokens),
-        num_sampled_tokens=float(batch.num_sampled_tokens),
+        num_sampled_tokens=float(num_sampled_tokens),
         max_seq_len=float(width),
     )
     return batch, stats

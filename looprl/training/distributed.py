@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -45,9 +46,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
-from looprl.config import TrainConfig
+from looprl.config import LoraConfig, TrainConfig
 from looprl.training.batch import TrainBatch
+from looprl.training.lora import check_adapter_state, is_lora
 from looprl.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -83,7 +86,10 @@ class DataParallelTrainer(Trainer):
         cfg: TrainConfig,
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         ref_model: nn.Module | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -91,9 +97,16 @@ class DataParallelTrainer(Trainer):
                 "trainer rank (scheduler.type=ray starts them), or use Trainer in one process"
             )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # Sharded before Trainer.__init__ builds the optimizer, which must hold the shards.
-        self._root = _shard(model) if self.world_size > 1 else None
-        super().__init__(model, cfg, temperature=temperature, ref_model=ref_model)
+        self._root: _Root | None = None
+        super().__init__(
+            model,
+            cfg,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            ref_model=ref_model,
+            lora=lora,
+        )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Trainer.train_step on this rank's shards of `batch`, the same on every rank."""
@@ -128,9 +141,13 @@ class DataParallelTrainer(Trainer):
 
     def state_dict(self) -> dict[str, Any]:
         """Full model and optimizer state (CPU tensors, by parameter name) on rank 0, {} for
-        both on the other ranks; scheduler and version on every rank."""
+        both on the other ranks (with model.lora the model is the adapter, on every rank);
+        scheduler and version on every rank."""
+        lora = is_lora(self.model)
         return {
-            "model": get_model_state_dict(self.model, options=_FULL_ON_RANK_0),
+            "model": self._adapter_tensors()
+            if lora
+            else get_model_state_dict(self.model, options=_FULL_ON_RANK_0),
             "optimizer": get_optimizer_state_dict(
                 self.model, self.optimizer, options=_FULL_ON_RANK_0
             ),
@@ -140,10 +157,27 @@ class DataParallelTrainer(Trainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load rank 0's `state_dict()` (of any number of ranks), given to every rank."""
-        set_model_state_dict(self.model, state["model"], options=_FULL)
+        if is_lora(self.model):
+            check_adapter_state(self.model, state["model"])
+        options = replace(_FULL, strict=not is_lora(self.model))  # the base is not saved
+        # A copy: without strict, set_model_state_dict fills the dict it is given with the
+        # keys it lacks (the frozen base's).
+        set_model_state_dict(self.model, dict(state["model"]), options=options)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """Shard `model` over the ranks (before the optimizer is built on its shards)."""
+        self._root = _shard(model) if self.world_size > 1 else None
+        return model
+
+    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter's full tensors on every rank (a collective: each rank gathers)."""
+        return {
+            name: t.full_tensor().cpu() if isinstance(t, DTensor) else t.cpu()
+            for name, t in super()._adapter_tensors().items()
+        }
 
     def _micro_batch_plan(self, batch: TrainBatch) -> list[tuple[torch.Tensor, bool]]:
         """This rank's shard in micro-batches, then placeholder passes up to the most

@@ -3,7 +3,10 @@
 Owns: logprobs of a batch under the current weights (`compute_logprobs`), the update
 (`train_step`), the weights handed to engines, and its own checkpointable state. It is
 algorithm-blind: advantages arrive in the TrainBatch and the loss is losses.py's
-(decoupled) clipped PPO with the configured aggregation.
+objective (train.objective) with the configured aggregation and mismatch correction.
+Logprobs are those of the distribution the engines sample from: softmax(logits /
+temperature), restricted to the top_k / top_p set and renormalized when sampling
+truncates (`sampled_logprobs`), so pi_prox/pi_behav compares like with like.
 
 One `train_step`: recompute the proximal logprobs (and reference logprobs for the KL
 penalty) without grad, then for each of `ppo_epochs` passes and each of `mini_batches`
@@ -19,11 +22,16 @@ models), micro-batches made of whole groups; rows with zero advantage, which add
 nothing to the gradient without a KL term, not at all; and the LM head only where a
 sampled token is predicted.
 
-Data parallelism (distributed.py) changes four hooks, here the one-process ones: which
-rows of a (mini-)batch this process runs and in how many forward passes
-(`_micro_batch_plan`), the sum over processes (`_sum_over_ranks`), the gradient norm
-(`_clip_gradients`) and the gradients as full tensors (`full_gradients`). Besides, it runs
-the policy's forward passes under FSDP and keeps its state dicts unsharded.
+Data parallelism (distributed.py) changes six hooks, here the one-process ones: how the
+model is wrapped once built (`_distribute`), which rows of a (mini-)batch this process
+runs and in how many forward passes (`_micro_batch_plan`), the sum over processes
+(`_sum_over_ranks`), the gradient norm (`_clip_gradients`), and the gradients and the
+adapter as full tensors (`full_gradients`, `_adapter_tensors`). Besides, it runs the
+policy's forward passes under FSDP and keeps its state dicts unsharded.
+
+With model.lora (training/lora.py) the model is wrapped by peft first: only the adapters
+are parameters of the optimizer, travel to engines (`adapter_for_engine`) and go into
+checkpoints; the frozen base, held in the compute dtype, is also the KL reference.
 """
 
 from __future__ import annotations
@@ -39,8 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.config import TrainConfig
+from looprl.config import LoraConfig, TrainConfig
 from looprl.diagnostics.oom import oom_phase
+from looprl.models import DTYPES
 from looprl.precision import decide_train, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
 from looprl.training import shared_prefix
@@ -49,14 +58,24 @@ from looprl.training.batch import (
     micro_batch_indices,
     split_mini_batches,
 )
+from looprl.training.lora import (
+    adapter_of,
+    adapter_state,
+    add_adapters,
+    is_lora,
+    load_adapter_state,
+    reference_forward,
+)
 from looprl.training.losses import (
     aggregate,
     entropy_from_logits,
     kl_penalty,
     loss_normalizer,
     masked_mean,
+    mismatch_metrics,
     policy_loss,
 )
+from looprl.types import LoraAdapter
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +102,42 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return F.pad(picked - logits.logsumexp(dim=-1), (1, 0))
 
 
+def sampled_logprobs(
+    logits: torch.Tensor, picked: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Logprob of each `picked` token (K,) under softmax(`logits` (K, V)), restricted to
+    the top_k / top_p set and renormalized over it, as the engine sampled. (K,)
+
+    Without truncation (top_k 0, top_p 1) the full softmax. The picked token always
+    stays in the set: if the engine's logits kept it and these (another dtype) would
+    not, its logprob is still that of a kept token.
+    """
+    if (top_k == 0 or top_k >= logits.shape[-1]) and top_p >= 1:
+        return logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    with torch.no_grad():
+        keep = kept_tokens(logits, top_k=top_k, top_p=top_p)
+        keep.scatter_(1, picked[:, None], True)
+    kept = logits.masked_fill(~keep, -torch.inf)  # (K, V)
+    return kept.gather(-1, picked[:, None]).squeeze(-1) - kept.logsumexp(-1)
+
+
+def kept_tokens(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """The tokens sampling keeps (K, V) bool: the top_k largest logits (ties at the kth
+    kept; 0: all), then the smallest most likely set whose mass reaches top_p (the most
+    likely always kept), as the local engine and vLLM truncate. logits (K, V)."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (K, 1)
+        keep = logits >= kth
+    if top_p < 1:
+        sorted_x, order = logits.masked_fill(~keep, -torch.inf).sort(dim=-1, descending=True)
+        probs = sorted_x.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # mass before it already reaches p
+        drop[:, 0] = False
+        keep &= ~torch.zeros_like(keep).scatter(1, order, drop)
+    return keep
+
+
 def _rows_with_gradient(batch: TrainBatch) -> torch.Tensor:
     """Rows (n,) whose advantage is not zero, or the shortest row when none is."""
     rows = (batch.advantages != 0).nonzero()[:, 0]
@@ -90,8 +145,9 @@ def _rows_with_gradient(batch: TrainBatch) -> torch.Tensor:
 
 
 class Trainer:
-    """Trains `model` in place with `cfg`. `temperature` must equal the engines' sampling
-    temperature, since logprobs are those of softmax(logits / temperature). `ref_model`,
+    """Trains `model` in place with `cfg`. `temperature`, `top_k` and `top_p` must be the
+    engines' sampling ones, since logprobs are those of softmax(logits / temperature)
+    truncated to the top_k / top_p set and renormalized (`sampled_logprobs`). `ref_model`,
     a separate copy for the KL penalty, is put in eval mode and frozen."""
 
     def __init__(
@@ -100,19 +156,29 @@ class Trainer:
         cfg: TrainConfig,
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         ref_model: nn.Module | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 for training logprobs")
-        if cfg.kl_coef > 0 and ref_model is None:
+        if top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} in (0, 1]")
+        self.top_k, self.top_p = top_k, top_p
+        lora = lora if lora is not None and lora.enabled else None
+        if cfg.kl_coef > 0 and ref_model is None and lora is None:
             raise ValueError(
                 f"train.kl_coef={cfg.kl_coef} needs a reference model; pass "
                 "ref_model or set train.kl_coef=0"
             )
         if ref_model is model:
             raise ValueError("ref_model is the policy model itself; pass a frozen copy")
+        if ref_model is not None and lora is not None:
+            raise ValueError(
+                "with model.lora the reference is the frozen base itself; pass no ref_model"
+            )
         tune_malloc()
-        self.model = model
         self.cfg = cfg
         self.temperature = temperature
         self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
@@ -124,6 +190,11 @@ class Trainer:
         if self.precision.warning:
             warn_once(self.precision.warning)
         log.debug("Trainer: %s", self.precision.describe())
+        if lora is not None:
+            # The frozen base needs no float32 master copy: it is held in the dtype the
+            # forward computes in; only the adapters train, in float32.
+            model = add_adapters(model, lora, DTYPES[self.precision.dtype])
+        self.model = model = self._distribute(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -148,7 +219,7 @@ class Trainer:
         micro-batch and optimizer-step counts, and the new version."""
         start = time.perf_counter()
         self.model.train()
-        ref = None if self.ref_model is None else self._logprobs_without_grad(self.ref_model, batch)
+        ref = self._reference_logprobs(batch)
         # With one optimizer step per batch the proximal policy is the policy of that very
         # forward pass, so its logprobs come from it (detached): one forward pass saved.
         single_update = self.cfg.ppo_epochs * self.cfg.mini_batches == 1
@@ -186,8 +257,12 @@ class Trainer:
         `batch.proximal_logprobs` None means the weights have not moved since the batch was
         given (one optimizer step per batch): the proximal logprobs are then this forward's,
         detached. `batch.ref_logprobs`, when filled, adds kl_coef x KL. Returns the loss,
-        stats weighted by sampled tokens, and the counts `num_tokens` (non-pad tokens
-        through forward + backward) and `num_micro_batches`, all over every process.
+        stats weighted by sampled tokens, the engine-vs-trainer mismatch metrics
+        (losses.mismatch_metrics: behavior vs proximal logprobs) over the tokens sampled by
+        the weights this trainer holds (`versions == self.version`; that share of the
+        sampled tokens is `mismatch_tokens_frac`, and the figures are 0 when it is 0), and
+        the counts `num_tokens` (non-pad tokens through forward + backward) and
+        `num_micro_batches`, all over every process.
 
         Rows whose advantage is zero (a GRPO group whose rewards are all equal) add exactly
         nothing to the clipped loss's gradient, so without a KL term they are left out of
@@ -199,14 +274,15 @@ class Trainer:
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
         if cfg.kl_coef == 0:
             batch = batch.select(_rows_with_gradient(batch))
-        eps_clip_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
-        weighted: dict[str, float] = defaultdict(float)
-        total_loss, num_micro_batches = 0.0, 0
+        eps_clip, eps_clip_high = cfg.clip_range()
+        weighted: dict[str, float] = defaultdict(float)  # stats x sampled tokens
+        by_fresh: dict[str, float] = defaultdict(float)  # mismatch metrics x fresh tokens
+        total_loss, num_micro_batches, fresh_tokens = 0.0, 0, 0
         for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
             logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
             picked = mb.input_ids[mb.loss_mask]  # (K,)
-            sampled = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
+            sampled = sampled_logprobs(logits, picked, top_k=self.top_k, top_p=self.top_p)
             # (B, T), zero off the mask; masked_scatter fills in the same row-major order
             logprobs = torch.zeros(
                 mb.input_ids.shape, dtype=sampled.dtype, device=sampled.device
@@ -217,17 +293,20 @@ class Trainer:
                 proximal,
                 mb.advantages,
                 mb.loss_mask,
-                eps_clip=cfg.eps_clip,
+                eps_clip=eps_clip,
                 eps_clip_high=eps_clip_high,
                 agg=cfg.loss_agg,
                 normalizer=normalizer,
+                objective=cfg.objective,
                 behavior_logprobs=mb.behavior_logprobs,
-                behavior_weight_cap=cfg.behavior_weight_cap,
-                behavior_weight_mode=cfg.behavior_weight_mode,
-                behavior_weight_level=cfg.behavior_weight_level,
+                mismatch_correction=cfg.mismatch_correction,
+                mismatch_cap=cfg.mismatch_cap,
+                mismatch_floor=cfg.mismatch_floor,
+                mismatch_level=cfg.mismatch_level,
             )
             with torch.no_grad():
-                stats["entropy"] = float(entropy_from_logits(logits).mean())
+                # A micro-batch of rows left out of the loss has no sampled token.
+                stats["entropy"] = float(entropy_from_logits(logits).sum()) / max(len(picked), 1)
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_estimator)  # (B, T)
                 loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)
@@ -239,16 +318,30 @@ class Trainer:
                 num_micro_batches += 1
             else:  # a pass that only keeps data-parallel ranks in step: zero gradient
                 loss.mul(0.0).backward()
+            # Engine vs trainer on tokens sampled by the weights the trainer holds: the
+            # same weights, so what differs is numerics (dtype, kernels), not staleness.
+            fresh = mb.loss_mask & (mb.versions == self.version)
+            n_fresh = int(fresh.sum()) if counts else 0
+            fresh_tokens += n_fresh
+            for key, value in mismatch_metrics(proximal, mb.behavior_logprobs, fresh).items():
+                by_fresh[key] += value * n_fresh
             for key, value in stats.items():
                 weighted[key] += (value * mb.num_sampled_tokens) if counts else 0.0
         # One sum over processes for every stat (insertion order: the same code ran on each).
-        keys = list(weighted)
-        local = [weighted[key] for key in keys] + [total_loss, float(num_micro_batches)]
-        *sums, total_loss, num_micro_batches = self._sum_over_ranks(
+        keys, fresh_keys = list(weighted), list(by_fresh)
+        local = [weighted[key] for key in keys] + [by_fresh[key] for key in fresh_keys]
+        local += [float(fresh_tokens), total_loss, float(num_micro_batches)]
+        *sums, fresh_tokens, total_loss, num_micro_batches = self._sum_over_ranks(
             torch.tensor(local, dtype=torch.float64)
         ).tolist()
-        out = {key: value / batch.num_sampled_tokens for key, value in zip(keys, sums, strict=True)}
+        sampled_tokens = max(batch.num_sampled_tokens, 1)
+        out = {key: value / sampled_tokens for key, value in zip(keys, sums, strict=False)}
+        fresh_sums = sums[len(keys) :]
         out.update(
+            {key: v / max(fresh_tokens, 1) for key, v in zip(fresh_keys, fresh_sums, strict=True)}
+        )
+        out.update(
+            mismatch_tokens_frac=fresh_tokens / sampled_tokens,
             loss=total_loss,
             num_tokens=float(batch.num_tokens),
             num_micro_batches=num_micro_batches,
@@ -269,26 +362,62 @@ class Trainer:
         an engine must copy them (load_state_dict does) before the next train_step."""
         return self.model.state_dict()
 
+    def adapter_for_engine(self) -> LoraAdapter | None:
+        """With model.lora, the current adapter (detached, sharing storage with the live
+        parameters: an engine copies it); None when every weight trains."""
+        return adapter_of(self.model, self._adapter_tensors()) if is_lora(self.model) else None
+
     def state_dict(self) -> dict[str, Any]:
+        """Model (with model.lora: the adapter only, the base is model.path's), optimizer,
+        schedule and version."""
+        lora = is_lora(self.model)
         return {
-            "model": self.model.state_dict(),
+            "model": self._adapter_tensors() if lora else self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if is_lora(self.model):
+            load_adapter_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """The model as this process trains it; one process keeps it as it is."""
+        return model
+
+    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's parameters by name, as full tensors."""
+        return adapter_state(self.model)
+
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """Logprobs (N, T) under the KL reference: the frozen copy, or with model.lora the
+        base with its adapters off; None without a KL term."""
+        if self.cfg.kl_coef == 0:
+            return None
+        if self.ref_model is not None:
+            return self._logprobs_without_grad(self.ref_model, batch)
+        with reference_forward(self.model):
+            return self._logprobs_without_grad(self.model, batch)
 
     @torch.no_grad()
     def _logprobs_without_grad(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (N, T)
         for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
-            logprobs = token_logprobs(self._logits(model, mb), mb.input_ids)  # (n, t)
+            logits = self._logits(model, mb)  # (n, t, V)
+            logprobs = token_logprobs(logits, mb.input_ids)  # (n, t)
+            if self.top_k or self.top_p < 1:  # the sampled tokens' under the truncation
+                at = mb.loss_mask[:, 1:]  # row t predicts token t + 1
+                logprobs[:, 1:][at] = sampled_logprobs(
+                    logits[:, :-1][at], mb.input_ids[:, 1:][at], top_k=self.top_k, top_p=self.top_p
+                )
+            del logits
             if counts:
                 out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return self._sum_over_ranks(out)  # each row was computed by one process

@@ -26,22 +26,25 @@ from tests.e2e.test_learning import learned_steps, toy_job
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("weight_sync", ["memory", "broadcast"])
+@pytest.mark.parametrize("weight_sync", ["memory", "broadcast", "memory, LoRA"])
 async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
     peaked_model_dir, tmp_path, weight_sync
 ):
     """The toy reward of tests/e2e/test_learning.py (fraction of even token ids), trained
     by 2 gloo ranks (FSDP2) with 2 engine replicas behind the gateway; new weights reach
     the replicas through Ray's object store, or broadcast in buckets from rank 0 (gloo
-    here, the NCCL path on GPUs)."""
+    here, the NCCL path on GPUs); with model.lora the ranks gather the adapter only and
+    the replicas apply it."""
+    lora = weight_sync.endswith("LoRA")
     cfg = toy_job(
         peaked_model_dir,
         tmp_path,
         "scheduler.type=ray",
         "scheduler.engine_replicas=2",
         "scheduler.trainer_ranks=2",
-        f"scheduler.weight_sync={weight_sync}",
+        f"scheduler.weight_sync={weight_sync.split(',')[0]}",
         "scheduler.bucket_mb=1",  # several buckets
+        *(["model.lora.rank=8"] if lora else []),
     )
     summary = await train(cfg, show_progress=False)
 
@@ -49,7 +52,8 @@ async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
     assert [r["staleness_max"] for r in steps] == [0] * 10
     names = {p.name for p in registered(cfg.run_dir)}
     assert {"rank-0", "rank-1", "engine-0", "engine-1", "driver"} <= names, names
-    assert (summary.model_dir / "model.safetensors").is_file()
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
+    assert (summary.model_dir / weights).is_file()
 
 
 class LongAnswer:

@@ -7,6 +7,7 @@ tokens with the largest differences, decoded, at their completion positions.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,25 @@ async def test_float32_engine_and_trainer_agree(tiny_model_dir, tmp_path):
     assert 4 <= report.tokens <= 4 * 16
     assert report.max_abs_diff < 1e-4
     assert report.kl < 1e-6
+    assert report.ratio_outside_frac == 0
+
+
+async def test_top_k_top_p_logprobs_agree_when_the_trainer_truncates_alike(
+    tiny_model_dir, tmp_path
+):
+    """The engine's logprobs under top-k / top-p are renormalized over the tokens it kept;
+    the trainer takes the same set (as in training), and they agree. Its full softmax,
+    the second report, does not."""
+    truncation = ["sampling.top_k=20", "sampling.top_p=0.9"]
+    cfg = _config(
+        tiny_model_dir, tmp_path, "engine.dtype=float32", "train.compute_dtype=float32", *truncation
+    )
+    same, full = await check_consistency(cfg, ["local"], samples=4, worst=2)
+    print(same.summary(), full.summary())
+    assert same.engine == "local" and full.engine == "local, trainer untruncated"
+    assert same.tokens == full.tokens >= 4
+    assert same.max_abs_diff < 1e-4 and same.kl < 1e-6 and same.ratio_outside_frac == 0
+    assert full.mean_abs_diff > 0.5 and full.ratio_outside_frac > 0.5
 
 
 async def test_bfloat16_engine_differences_and_worst_tokens(tiny_model_dir, tmp_path):
@@ -64,10 +84,12 @@ def test_the_command_prints_the_report_per_engine(tiny_model_dir, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "COLUMNS": "200"},  # the summary's 7 columns, unwrapped
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for heading in ("mean |diff|", "max |diff|", "KL(engine||trainer)", "worst tokens: local"):
+    headings = ("mean |diff|", "max |diff|", "KL(engine||trainer)", "ratio outside [0.5, 2]")
+    for heading in (*headings, "worst tokens: local"):
         assert heading in out
     assert "trainer logprob" in out and "position" in out
 

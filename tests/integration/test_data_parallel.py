@@ -25,7 +25,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from looprl.checkpoint import load_tree, save_tree
-from looprl.config import TrainConfig
+from looprl.config import LoraConfig, TrainConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.training.batch import TrainBatch, build_batch, micro_batch_indices, split_mini_batches
 from looprl.training.distributed import DataParallelTrainer, balanced_shards
@@ -110,6 +110,7 @@ def on_two_ranks(rank: Rank, model_dirs: dict[str, Path], out: Path) -> None:
     train_cases(rank, model_dirs, out)
     checkpoint_round_trip(rank, model_dirs["tiny"], out)
     different_batches(rank, model_dirs["tiny"], out)
+    lora_steps(rank, model_dirs["tiny"], out)
 
 
 def train_cases(rank: Rank, model_dirs: dict[str, Path], out: Path) -> None:
@@ -157,6 +158,29 @@ def different_batches(rank: Rank, model_dir: Path, out: Path) -> None:
     with pytest.raises(ValueError) as caught:
         trainer.train_step(batch)
     (out / f"different-batches-rank{rank.rank}.txt").write_text(str(caught.value))
+
+
+def lora_steps(rank: Rank | None, model_dir: Path, out: Path) -> dict:
+    """Two steps of a LoRA trainer (the adapters of the same seed), its adapter as engines
+    get it and its state for a checkpoint; then a fresh trainer loads that state. With
+    `rank` None, in this process with the one-process Trainer."""
+    batch = _batches(out)["uneven"]
+    cfg = TrainConfig(compute_dtype="float32", lr=1e-3, max_tokens_per_mb=16)
+    cls = Trainer if rank is None else DataParallelTrainer
+    torch.manual_seed(0)  # peft's lora_A init
+    trainer = cls(load_model(model_dir), cfg, lora=LoraConfig(rank=4))
+    for _ in range(2):
+        trainer.train_step(batch)
+    result = {"adapter": trainer.adapter_for_engine().tensors, "state": trainer.state_dict()}
+    state = [result["state"]]
+    if rank is not None:  # every rank loads rank 0's state, as the driver gives it
+        torch.distributed.broadcast_object_list(state, src=0)
+    restored = cls(load_model(model_dir), cfg, lora=LoraConfig(rank=4))
+    restored.load_state_dict(state[0])
+    result["restored"] = restored.adapter_for_engine().tensors
+    if rank is not None and rank.rank == 0:
+        torch.save(result, out / "lora-rank0.pt")
+    return result
 
 
 def _batches(folder: Path) -> dict[str, TrainBatch]:
@@ -277,7 +301,7 @@ def test_two_ranks_match_one_process(case, two_ranks, model_dirs):
     }
     assert torch.equal(other["logprobs"], got["logprobs"])
     assert got["step_stats"]["num_micro_batches"] == sum(map(sum, per_step))
-    for key in ("loss", "grad_norm", "entropy", "clip_frac", "behavior_capped_frac"):
+    for key in ("loss", "grad_norm", "entropy", "clip_frac", "mismatch_corrected_frac"):
         assert math.isfinite(got["step_stats"][key]), key
 
 
@@ -296,6 +320,23 @@ def test_state_dict_round_trip_on_two_ranks_and_one(two_ranks, model_dirs):
     assert on_one.keys() == continued.keys()
     for name, weight in continued.items():
         torch.testing.assert_close(on_one[name], weight, atol=WEIGHTS_ATOL, rtol=0)
+
+
+def test_lora_on_two_ranks_gathers_the_adapter_only_and_matches_one_process(two_ranks, model_dirs):
+    got = torch.load(two_ranks / "lora-rank0.pt")
+    expected = lora_steps(None, model_dirs["tiny"], two_ranks)
+    # 2 layers x 7 projections x (A, B), under the adapted modules' own names
+    assert len(got["adapter"]) == 28 and got["adapter"].keys() == expected["adapter"].keys()
+    assert all(".lora_" in name and "default" not in name for name in got["adapter"])
+    moved = max(float(t.abs().max()) for n, t in expected["adapter"].items() if "lora_B" in n)
+    assert moved > 1e-4  # two steps moved lora_B off its zero init
+    for name, tensor in expected["adapter"].items():
+        torch.testing.assert_close(got["adapter"][name], tensor, atol=WEIGHTS_ATOL, rtol=0)
+    # the checkpoint holds the adapter (and its optimizer state), not the frozen base
+    assert got["state"]["model"].keys() == expected["state"]["model"].keys()
+    assert all("lora_" in name for name in got["state"]["model"])
+    for name, tensor in got["adapter"].items():
+        assert torch.equal(got["restored"][name], tensor), name
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from looprl.config import TrainConfig
 from looprl.diagnostics.oom import PhaseOutOfMemory
 from looprl.models import load_model
 from looprl.training.batch import TrainBatch, build_batch
-from looprl.training.trainer import Trainer, lr_factor
+from looprl.training.trainer import Trainer, lr_factor, sampled_logprobs
 from looprl.types import Trajectory
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
@@ -85,14 +85,14 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
     # One micro-batch; then lengths [9, 12, 7, 10, 6, 11] in 16 tokens: 12 | 11 | 10 | 9 | 7, 6
     for budget in (4096, 16):
         cfg = TrainConfig(compute_dtype="float32", loss_agg=agg, max_tokens_per_mb=budget,
-                          kl_coef=0.1, behavior_weight_cap=1.5)  # fmt: skip
+                          kl_coef=0.1, mismatch_cap=1.5)  # fmt: skip
         trainer = Trainer(model, cfg, ref_model=ref_model)
         model.zero_grad(set_to_none=True)
         stats = trainer.accumulate_gradients(batch)
         counts.append(stats["num_micro_batches"])
         grads.append([p.grad.clone() for p in trainer.params])
     assert counts == [1, 5]
-    assert stats["clip_frac"] > 0 and stats["behavior_capped_frac"] > 0 and stats["kl"] > 0
+    assert stats["clip_frac"] > 0 and stats["mismatch_corrected_frac"] > 0 and stats["kl"] > 0
     assert max(float(g.abs().max()) for g in grads[0]) > 1e-2
     diff = max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True))
     assert diff < 1e-9
@@ -294,3 +294,101 @@ def test_a_batch_with_no_advantage_still_gives_every_parameter_a_zero_gradient(m
     grads, stats = _gradients(trainer, batch)
     assert stats["num_tokens"] == int(batch.lengths.min())
     assert len(grads) == len(trainer.params) and all((g == 0).all() for g in grads)
+
+
+def test_mismatch_metrics_cover_the_tokens_of_the_trainers_version(model):
+    """The engine's logprobs are the model's own plus 0.1 on tokens of version 0 (the
+    trainer's) and minus 1 on tokens of an older version 7: the metrics see only the
+    former, and say which share of the tokens that was."""
+    batch = _batch(model)
+    stale = torch.zeros_like(batch.loss_mask)
+    stale[:2] = batch.loss_mask[:2]  # rows 0 and 1 were sampled by version 7
+    fresh = batch.loss_mask & ~stale
+    behavior = batch.behavior_logprobs + 0.1 * fresh - 1.0 * stale
+    batch = replace(
+        batch, behavior_logprobs=behavior, versions=torch.where(stale, 7, batch.versions)
+    )
+    trainer = Trainer(model, TrainConfig(compute_dtype="float32"))
+    model.zero_grad(set_to_none=True)
+    stats = trainer.accumulate_gradients(batch)
+    model.zero_grad(set_to_none=True)
+    # r = trainer - engine = -0.1 on every fresh token (to float32 rounding):
+    # |r| 0.1, k3 = exp(-0.1) - 1 + 0.1 = 0.0048374, ratio 0.905 inside [0.5, 2].
+    assert stats["mismatch_tokens_frac"] == pytest.approx(
+        int(fresh.sum()) / batch.num_sampled_tokens
+    )
+    assert stats["mismatch_logprob_abs_mean"] == pytest.approx(0.1, abs=1e-5)
+    assert stats["mismatch_kl_k3"] == pytest.approx(0.0048374, abs=1e-5)
+    assert stats["mismatch_ratio_outside_frac"] == 0.0  # exp(1) = 2.7 on stale tokens
+
+
+def test_sampled_logprobs_under_top_k_and_top_p_by_hand():
+    # One position, probabilities [0.4, 0.3, 0.15, 0.1, 0.05].
+    logits = torch.tensor([[0.4, 0.3, 0.15, 0.1, 0.05]]).log().requires_grad_(True)
+
+    def logprob(picked, **truncation):
+        return float(sampled_logprobs(logits, torch.tensor([picked]), **truncation).detach())
+
+    assert logprob(1) == pytest.approx(math.log(0.3))  # full softmax
+    assert logprob(1, top_k=2) == pytest.approx(math.log(0.3 / 0.7))  # {0, 1}
+    # top_p 0.8: mass before each token 0, .4, .7, .85, .95: {0, 1, 2} (0.85) kept
+    assert logprob(2, top_p=0.8) == pytest.approx(math.log(0.15 / 0.85))
+    # top_k 3 then top_p 0.6 of the renormalized [.47, .35, .18]: mass before .47, .82: {0, 1}
+    assert logprob(0, top_k=3, top_p=0.6) == pytest.approx(math.log(0.4 / 0.7))
+    # The sampled token stays in the set even where these logits would drop it: {0, 3}
+    assert logprob(3, top_k=1) == pytest.approx(math.log(0.1 / 0.5))
+    # Gradient: 1[j = picked] - p_j over the kept set, 0 off it
+    sampled_logprobs(logits, torch.tensor([1]), top_k=2).sum().backward()
+    expected = torch.tensor([[-0.4 / 0.7, 1 - 0.3 / 0.7, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(logits.grad, expected)
+
+
+def test_compute_logprobs_and_the_training_forward_truncate_alike(model):
+    """With top_k / top_p the proximal pass and the training forward renormalize over
+    the same set: the single-update gradient equals the one with a separate pass."""
+    batch = _batch(model)
+    full = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
+    trainer = Trainer(model, TrainConfig(compute_dtype="float32"), top_k=50, top_p=0.9)
+    truncated = trainer.compute_logprobs(batch)
+    mask = batch.loss_mask
+    # Renormalized over fewer tokens: every sampled token's logprob rises.
+    assert bool((truncated[mask] > full[mask] + 1e-3).all())
+    assert torch.equal(truncated[~mask], full[~mask])  # prompt positions untouched
+    grads = []
+    for proximal in (None, truncated):
+        model.zero_grad(set_to_none=True)
+        stats = trainer.accumulate_gradients(replace(batch, proximal_logprobs=proximal))
+        assert abs(stats["ratio_mean"] - 1.0) < 1e-5
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["ppo", "gspo", "cispo"])
+def test_every_objective_trains_and_a_batch_left_out_gives_zero_gradients(model, objective):
+    """On-policy (one update) every objective's gradient is REINFORCE's: the same for all
+    three. A batch whose every sample was left out of the loss (truncated) trains on
+    nothing: finite stats, zero gradients."""
+    batch = _batch(model)
+    cfg = TrainConfig(compute_dtype="float32", objective=objective)
+    trainer = Trainer(copy.deepcopy(model), cfg)
+    grads, stats = _gradients(trainer, batch)
+    ppo, _ = _gradients(Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32")), batch)
+    for a, b in zip(grads, ppo, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # Off-policy the objectives differ: GSPO's ratio is per sequence, CISPO keeps
+    # clipped tokens' gradients.
+    noise = 0.5 * torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(1))
+    noisy = replace(batch, proximal_logprobs=batch.behavior_logprobs + noise)
+    moved, _ = _gradients(trainer, noisy)
+    ppo_moved, _ = _gradients(
+        Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32")), noisy
+    )
+    differs = max(float((a - b).abs().max()) for a, b in zip(moved, ppo_moved, strict=True))
+    assert (differs > 1e-4) == (objective != "ppo")
+
+    left_out = replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
+    grads, stats = _gradients(trainer, replace(left_out, advantages=torch.zeros(6)))
+    assert all((g == 0).all() for g in grads)
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert stats["loss"] == 0

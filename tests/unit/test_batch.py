@@ -3,6 +3,7 @@ import logging
 import pytest
 import torch
 
+from looprl.config import OverlongConfig
 from looprl.training.batch import (
     build_batch,
     micro_batch_indices,
@@ -50,6 +51,35 @@ def test_build_batch_pads_right_and_computes_advantages():
     assert stats["num_tokens"] == 4 + 6 + 3 + 5
     assert stats["num_sampled_tokens"] == 2 + 3 + 2 + 3
     assert batch.lengths.tolist() == [4, 6, 3, 5]
+
+
+def test_build_batch_shapes_overlong_rewards_and_leaves_truncated_samples_out():
+    # One group, dr_grpo (r - group mean), max_new_tokens 8, buffer 2 (penalty from 7 on):
+    #   t0: reward 1, 4 tokens             -> 1
+    #   t1: reward 1, 7 tokens             -> 1 - 0.5 = 0.5
+    #   t2: reward 0, 8 tokens, truncated  -> 0 - 1 = -1, left out of the loss
+    # Group mean (t2 included) 0.5 / 3: advantages [5/6, 1/3, (-7/6 ->) 0]. Without t2 in
+    # the baseline they would be [0.25, -0.25].
+    def sample(reward, sampled, truncated):
+        traj = _trajectory(2 + sampled, 2, reward, "g")
+        traj.truncated = truncated
+        return traj
+
+    trajectories = [sample(1.0, 4, False), sample(1.0, 7, False), sample(0.0, 8, True)]
+    overlong = OverlongConfig(soft_penalty_buffer_tokens=2, mask_truncated=True)
+    batch, stats = build_batch(trajectories, "dr_grpo", PAD, overlong, max_new_tokens=8)
+    torch.testing.assert_close(batch.advantages, torch.tensor([5 / 6, 1 / 3, 0.0]))
+    assert batch.rewards.tolist() == [1.0, 0.5, -1.0]
+    assert batch.loss_mask.sum(dim=1).tolist() == [4, 7, 0]
+    assert stats["overlong_penalized"] == 2 and stats["truncated_masked"] == 1
+    assert stats["reward_mean"] == pytest.approx(2 / 3)  # the task's rewards, unshaped
+    assert stats["num_sampled_tokens"] == 4 + 7 + 8  # what was sampled
+    # Off (the default config): the batch of before, truncation only counted.
+    plain, _ = build_batch(trajectories, "dr_grpo", PAD)
+    default, stats = build_batch(trajectories, "dr_grpo", PAD, OverlongConfig(), 8)
+    assert torch.equal(default.advantages, plain.advantages)
+    assert torch.equal(default.loss_mask, plain.loss_mask)
+    assert stats["truncated_samples"] == 1 and stats["truncated_masked"] == 0
 
 
 def test_build_batch_rejects_empty():

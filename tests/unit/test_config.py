@@ -26,11 +26,30 @@ def test_defaults_and_dotted_overrides(tmp_path):
         ("nosuchsection.x=1", r"nosuchsection: unknown field"),
         ("rollout.group_size=80", r"rollout: group_size=80 > max_concurrent_rollouts=64"),
         ("rollout.dynamic_filtering=true", r"rollout: dynamic_filtering=true needs group_size"),
-        ("train.behavior_weight_mode=clip", r"train\.behavior_weight_mode='clip'"),
+        ("train.mismatch_correction=clip", r"train\.mismatch_correction='clip'"),
+        ("train.objective=ppo2", r"train\.objective='ppo2'"),
+        ("train.behavior_weight_cap=5", r"train\.behavior_weight_cap: unknown field"),
+        (
+            "train.mismatch_floor=0.5",
+            r"train: mismatch_floor=0.5 applies to mismatch_correction=mis only, not tis",
+        ),
+        ("train.mismatch_floor=5", r"train: mismatch_floor=5 must be below mismatch_cap=5"),
+        (
+            "train.mismatch_correction=none",
+            r"train\.mismatch_correction=none with rollout\.max_head_offpolicyness=2",
+        ),
+        (
+            "train.overlong.soft_penalty_buffer_tokens=49",
+            r"soft_penalty_buffer_tokens=49 is longer than sampling\.max_new_tokens=48",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_value(override, expected):
-    extra = ["rollout.group_size=1"] if "dynamic" in override else []
+    extra = {
+        "rollout.dynamic_filtering=true": ["rollout.group_size=1"],
+        "train.mismatch_floor=0.5": ["train.mismatch_correction=tis"],
+        "train.mismatch_correction=none": ["rollout.max_head_offpolicyness=2"],
+    }.get(override, [])
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [override, *extra])
 
@@ -136,3 +155,23 @@ def test_scale_out_fields_are_refused_where_they_cannot_apply(overrides, expecte
 def test_ray_takes_replicas_and_ranks():
     cfg = load_config(None, ["scheduler.type=ray", "scheduler.trainer_ranks=2"])
     assert cfg.scheduler.trainer_ranks == 2 and cfg.scheduler.weight_sync == "auto"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "clip"),
+    [
+        ([], (0.2, 0.2)),  # PPO
+        (["train.objective=gspo"], (3e-4, 4e-4)),  # GSPO v2, section 5.1
+        (["train.objective=cispo"], (1.0, 4.0)),  # no lower bound, a cap of 5
+        (["train.objective=gspo", "train.eps_clip=1e-3"], (1e-3, 1e-3)),
+        (["train.objective=cispo", "train.eps_clip_high=7"], (1.0, 7.0)),
+        (["train.eps_clip=0.1", "train.eps_clip_high=0.3"], (0.1, 0.3)),
+    ],
+)
+def test_clip_range_defaults_to_the_objectives_paper_values(overrides, clip):
+    assert load_config(None, overrides).train.clip_range() == clip
+
+
+def test_mismatch_correction_none_is_fine_when_synchronous():
+    cfg = load_config(None, ["train.mismatch_correction=none"])
+    assert cfg.train.mismatch_correction == "none" and cfg.rollout.max_head_offpolicyness == 0

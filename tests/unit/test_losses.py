@@ -3,10 +3,12 @@ import math
 import pytest
 import torch
 
+from looprl.training import losses
 from looprl.training.losses import (
     entropy_from_logits,
     kl_penalty,
     loss_normalizer,
+    mismatch_metrics,
     policy_loss,
 )
 
@@ -62,68 +64,130 @@ def test_clipped_loss_per_aggregation(agg, normalizer, expected):
     assert stats["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.0 + 0.5 + 2.0) / 5)
 
 
+AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+MIS_5 = {"mismatch_correction": "mis", "mismatch_cap": 5.0}  # the default correction
+
+
 @pytest.mark.parametrize(
     ("agg", "expected"),
     [
-        ("token_mean", (-2.53 + 0.8) / 5),  # the capped token still counts in the 5
+        ("token_mean", (-2.53 + 0.8) / 5),  # the masked token still counts in the 5
         ("seq_mean_token_mean", (-2.53 / 3 + 0.8 / 2) / 2),
         ("seq_mean_token_sum_norm", (-2.53 + 0.8) / 6),
     ],
 )
-def test_decoupled_loss_weights_and_caps(agg, expected):
-    loss, stats = _loss(agg, behavior=BEHAVIOR, behavior_weight_cap=5.0)
+def test_masked_importance_sampling_weights_and_masks(agg, expected):
+    loss, stats = _loss(agg, behavior=BEHAVIOR, **MIS_5)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
-    assert stats["behavior_capped_frac"] == pytest.approx(1 / 5)
+    assert stats["mismatch_corrected_frac"] == pytest.approx(1 / 5)
     assert stats["behavior_weight_mean"] == pytest.approx((1 + 2 + 0.25 + 1 + 10) / 5)
 
 
-def test_uncapped_decoupled_loss_keeps_the_heavy_token():
+def test_no_mismatch_correction_leaves_the_loss_unweighted():
+    # The weights are still measured, not applied: the loss is the plain clipped one.
+    loss, stats = _loss("token_mean", behavior=BEHAVIOR, mismatch_correction="none")
+    assert loss.item() == pytest.approx(0.02 / 5, abs=1e-6)
+    assert stats["behavior_weight_mean"] == pytest.approx((1 + 2 + 0.25 + 1 + 10) / 5)
+    assert stats["mismatch_corrected_frac"] == 0
+
+
+def test_an_uncapped_weight_keeps_the_heavy_token():
     # seq 1 token 1 adds 2.0 x 10: (-2.53 + 0.8 + 20) / 5
-    loss, _ = _loss("token_mean", behavior=BEHAVIOR)
-    assert loss.item() == pytest.approx((-2.53 + 0.8 + 20) / 5, abs=1e-5)
-
-
-def test_truncated_behavior_weight_lowers_the_heavy_token_to_the_cap():
-    # seq 1 token 1: 2.0 x min(10, 5) = 10 instead of being left out: (-2.53 + 0.8 + 10) / 5
     loss, stats = _loss(
-        "token_mean", behavior=BEHAVIOR, behavior_weight_cap=5.0, behavior_weight_mode="truncate"
+        "token_mean", behavior=BEHAVIOR, mismatch_correction="tis", mismatch_cap=100
     )
+    assert loss.item() == pytest.approx((-2.53 + 0.8 + 20) / 5, abs=1e-5)
+    assert stats["mismatch_corrected_frac"] == 0
+
+
+def test_truncated_importance_sampling_lowers_the_heavy_token_to_the_cap():
+    # seq 1 token 1: 2.0 x min(10, 5) = 10 instead of being left out: (-2.53 + 0.8 + 10) / 5
+    loss, stats = _loss("token_mean", behavior=BEHAVIOR, mismatch_correction="tis", mismatch_cap=5)
     assert loss.item() == pytest.approx((-2.53 + 0.8 + 10) / 5, abs=1e-5)
-    assert stats["behavior_capped_frac"] == pytest.approx(1 / 5)
+    assert stats["mismatch_corrected_frac"] == pytest.approx(1 / 5)
     assert stats["behavior_weight_mean"] == pytest.approx((1 + 2 + 0.25 + 1 + 5) / 5)
 
 
-# Sequence level: seq 0's weight is the geometric mean (1 x 2 x 0.25)^(1/3) = 2^(-1/3), seq 1's
-# (1 x 10)^(1/2) = sqrt(10) ~ 3.16, each on all its tokens. Unweighted sums: -2.78 and 2.8.
-SEQ0, SEQ1 = 2 ** (-1 / 3), math.sqrt(10)
+def test_masked_importance_sampling_floor_drops_light_tokens_too():
+    # Floor 0.5, cap 5: seq 0's 0.25 and seq 1's 10 are left out. Weighted token losses:
+    # seq 0 [-1.28 x 1, -0.5 x 2, out] = -2.28; seq 1 [0.8 x 1, out] = 0.8.
+    loss, stats = _loss("token_mean", behavior=BEHAVIOR, **MIS_5, mismatch_floor=0.5)
+    assert loss.item() == pytest.approx((-2.28 + 0.8) / 5, abs=1e-6)
+    assert stats["mismatch_corrected_frac"] == pytest.approx(2 / 5)
+
+
+# Sequence level: each sequence's weight is the product of its tokens', on all its tokens:
+# seq 0: 1 x 2 x 0.25 = 0.5, seq 1: 1 x 10 = 10. Unweighted sums: -2.78 and 2.8.
+# Geometric level: the geometric means, seq 0 (0.5)^(1/3) = 2^(-1/3) ~ 0.794, seq 1
+# 10^(1/2) ~ 3.16.
+GEO0, GEO1 = 2 ** (-1 / 3), math.sqrt(10)
 
 
 @pytest.mark.parametrize(
-    ("cap", "mode", "expected", "capped"),
+    ("level", "correction", "cap", "floor", "expected", "corrected", "weight_mean"),
     [
-        (5.0, "mask", (-2.78 * SEQ0 + 2.8 * SEQ1) / 5, 0.0),  # both under the cap
-        (3.0, "mask", (-2.78 * SEQ0) / 5, 2 / 5),  # all of seq 1 left out
-        (3.0, "truncate", (-2.78 * SEQ0 + 2.8 * 3.0) / 5, 2 / 5),  # seq 1 weighted 3
+        # tis: seq 1 truncated to 5
+        ("sequence", "tis", 5.0, 0.0, (-2.78 * 0.5 + 2.8 * 5) / 5, 2 / 5, (3 * 0.5 + 2 * 5) / 5),
+        # mis: all of seq 1 left out (its weight 10 > 5)
+        ("sequence", "mis", 5.0, 0.0, -2.78 * 0.5 / 5, 2 / 5, (3 * 0.5 + 2 * 10) / 5),
+        # mis with a floor: seq 0 (0.5 < 0.6) left out, seq 1 kept with its 10
+        ("sequence", "mis", 20.0, 0.6, 2.8 * 10 / 5, 3 / 5, (3 * 0.5 + 2 * 10) / 5),
+        ("geometric", "mis", 5.0, 0.0, (-2.78 * GEO0 + 2.8 * GEO1) / 5, 0.0, None),
+        ("geometric", "mis", 3.0, 0.0, -2.78 * GEO0 / 5, 2 / 5, None),
+        ("geometric", "tis", 3.0, 0.0, (-2.78 * GEO0 + 2.8 * 3.0) / 5, 2 / 5, None),
+        ("geometric", "mis", 5.0, 0.8, 2.8 * GEO1 / 5, 3 / 5, None),  # 0.794 < 0.8
     ],
 )
-def test_sequence_level_behavior_weight(cap, mode, expected, capped):
+def test_sequence_and_geometric_level_weights(
+    level, correction, cap, floor, expected, corrected, weight_mean
+):
     loss, stats = _loss(
         "token_mean",
         behavior=BEHAVIOR,
-        behavior_weight_cap=cap,
-        behavior_weight_mode=mode,
-        behavior_weight_level="sequence",
+        mismatch_correction=correction,
+        mismatch_cap=cap,
+        mismatch_floor=floor,
+        mismatch_level=level,
     )
     assert loss.item() == pytest.approx(expected, abs=1e-5)
-    assert stats["behavior_capped_frac"] == pytest.approx(capped)
+    assert stats["mismatch_corrected_frac"] == pytest.approx(corrected)
+    if weight_mean is not None:
+        assert stats["behavior_weight_mean"] == pytest.approx(weight_mean)
+
+
+def test_an_overflowing_sequence_weight_is_masked_without_nan_gradients():
+    # seq 1's tokens have log weights 60 + 60: exp(120) overflows float32 to inf. Masked,
+    # it must add nothing, not inf x 0 = NaN, to the gradient.
+    behavior = BEHAVIOR.clone()
+    behavior[1, :2] = -60.0
+    logprobs = LOGPROBS.clone().requires_grad_(True)
+    loss, stats = policy_loss(
+        logprobs,
+        PROXIMAL,
+        ADVANTAGES,
+        MASK,
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        agg="token_mean",
+        normalizer=5.0,
+        behavior_logprobs=behavior,
+        mismatch_correction="mis",
+        mismatch_cap=5.0,
+        mismatch_level="sequence",
+    )
+    loss.backward()
+    assert torch.isfinite(logprobs.grad).all()
+    # seq 0 alone, weighted 0.5: token losses [-1.28, -0.5, -1] x 0.5
+    assert loss.item() == pytest.approx(-2.78 * 0.5 / 5, abs=1e-6)
+    assert logprobs.grad[1].abs().sum() == 0
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batch_losses_sum_to_the_batch_loss(agg):
-    whole, _ = _loss(agg, behavior=BEHAVIOR, behavior_weight_cap=5.0)
+    whole, _ = _loss(agg, behavior=BEHAVIOR, **MIS_5)
     normalizer = loss_normalizer(MASK, agg)
     parts = [
-        _loss(agg, rows, normalizer, behavior=BEHAVIOR, behavior_weight_cap=5.0)[0]
+        _loss(agg, rows, normalizer, behavior=BEHAVIOR, **MIS_5)[0]
         for rows in (slice(0, 1), slice(1, 2))
     ]
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), abs=1e-6)
@@ -162,6 +226,175 @@ def test_entropy_from_logits():
     torch.testing.assert_close(entropy_from_logits(logits), torch.tensor([[0.693147, 0.562335]]))
 
 
+def test_rows_left_out_of_the_loss_do_not_count_in_the_normalizer():
+    # Row 1 has no sampled token (a truncated sample left out): 2 tokens, 1 sequence,
+    # 1 x 2; with nothing sampled at all, 1, so the loss is 0 rather than 0 / 0.
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    assert [loss_normalizer(mask, agg) for agg in AGGS] == [2.0, 1.0, 2.0]
+    assert [loss_normalizer(torch.zeros_like(mask), agg) for agg in AGGS] == [1.0, 1.0, 1.0]
+
+
 def test_bad_aggregation_is_named():
     with pytest.raises(ValueError, match="train.loss_agg='sum'"):
         loss_normalizer(MASK, "sum")
+
+
+# ---- GSPO and CISPO ----------------------------------------------------------------------
+# Three sequences, advantages [+1, -1, +1], row 1 and 2 padded at position 2 (its
+# logprob 7 is garbage that must not count). Clip range [0.8, 1.28] (eps 0.2 / 0.28).
+#   seq 0: token ratios [4, 0.25, 1]: geometric mean s0 = 1      (PPO would clip the 4)
+#   seq 1: token ratios [2, 2]:       s1 = 2, A < 0: unclipped   (max(2, 1.28) = 2)
+#   seq 2: token ratios [3, 0.75]:    s2 = sqrt(2.25) = 1.5 > 1.28, A > 0: clipped
+OBJ_RATIOS = torch.tensor([[4.0, 0.25, 1.0], [2.0, 2.0, 1.0], [3.0, 0.75, 1.0]])
+OBJ_ADV = torch.tensor([1.0, -1.0, 1.0])
+OBJ_MASK = torch.tensor([[True, True, True], [True, True, False], [True, True, False]])
+# CISPO's loss uses log pi itself: logprobs L, proximal L - log r.
+OBJ_LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -3.0, 7.0], [-0.1, -4.0, 7.0]])
+OBJ_PROXIMAL = OBJ_LOGPROBS - OBJ_RATIOS.log()
+
+
+def _objective(objective, agg="token_mean", proximal=OBJ_PROXIMAL, **kw):
+    """Loss and d loss / d logprobs (3, 3) of `objective` on the batch above."""
+    logprobs = OBJ_LOGPROBS.clone().requires_grad_(True)
+    loss, stats = policy_loss(
+        logprobs,
+        proximal,
+        OBJ_ADV,
+        OBJ_MASK,
+        eps_clip=kw.pop("eps_clip", 0.2),
+        eps_clip_high=kw.pop("eps_clip_high", 0.28),
+        agg=agg,
+        normalizer=loss_normalizer(OBJ_MASK, agg),
+        objective=objective,
+        **kw,
+    )
+    loss.backward()
+    return loss.item(), logprobs.grad, stats
+
+
+# GSPO, token_mean over 7 tokens. Token losses -A s_i, or -A clip(s_i) where that wins:
+#   seq 0 [-1, -1, -1]; seq 1 [2, 2]; seq 2 [-1.28, -1.28]  -> (-3 + 4 - 2.56) / 7
+# Gradient of s_it = sg[s_i] pi_t / sg[pi_t] w.r.t. log pi_t is s_i, so d loss / d log pi_t
+# = -A s_i / 7 where unclipped: seq 0 -1/7 each, seq 1 +2/7 each, seq 2 0 (clipped), pads 0.
+GSPO_LOSS = (-3 + 4 - 2.56) / 7
+GSPO_GRAD = torch.tensor([[-1.0, -1.0, -1.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]]) / 7
+# seq_mean_token_mean (the paper's): per-sequence means [-1, 2, -1.28] over 3 sequences;
+# gradient -A s_i / (n_i x 3): seq 0 -1/9 each, seq 1 2/6 each.
+GSPO_SEQ_LOSS = (-1 + 2 - 1.28) / 3
+GSPO_SEQ_GRAD = torch.tensor([[-1 / 9, -1 / 9, -1 / 9], [1 / 3, 1 / 3, 0], [0, 0, 0]])
+
+
+def test_gspo_loss_and_gradient_by_hand():
+    loss, grad, stats = _objective("gspo")
+    assert loss == pytest.approx(GSPO_LOSS, abs=1e-6)
+    torch.testing.assert_close(grad, GSPO_GRAD)
+    assert stats["clip_frac"] == pytest.approx(2 / 7)  # seq 2's two tokens, as one
+    assert stats["ratio_mean"] == pytest.approx((3 * 1 + 2 * 2 + 2 * 1.5) / 7)
+    loss, grad, _ = _objective("gspo", "seq_mean_token_mean")
+    assert loss == pytest.approx(GSPO_SEQ_LOSS, abs=1e-6)
+    torch.testing.assert_close(grad, GSPO_SEQ_GRAD)
+
+
+# CISPO, clip range [0.5, 2] (eps_low 0.5, eps_high 1): weights w = clip(r), detached.
+#   seq 0: r [4, 0.25, 1] -> w [2, 0.5, 1]; token loss -w A L = [2, 1, 0.5]
+#   seq 1: r [1.5, 1.5]   -> w [1.5, 1.5];              w L = [-1.5, -4.5]
+#   seq 2: r [3, 0.75]    -> w [2, 0.75];          -w L   = [0.2, 3]
+# token_mean: (3.5 - 6 + 3.2) / 7 = 0.1. Gradient -w A / 7 on every token, clipped or not:
+# seq 0 [-2, -0.5, -1] / 7, seq 1 [1.5, 1.5] / 7, seq 2 [-2, -0.75] / 7. 3 of 7 truncated.
+CISPO_RATIOS = torch.tensor([[4.0, 0.25, 1.0], [1.5, 1.5, 1.0], [3.0, 0.75, 1.0]])
+CISPO_LOSS = 0.1
+CISPO_GRAD = torch.tensor([[-2.0, -0.5, -1.0], [1.5, 1.5, 0.0], [-2.0, -0.75, 0.0]]) / 7
+
+
+def _cispo(**kw):
+    proximal = OBJ_LOGPROBS - CISPO_RATIOS.log()
+    return _objective("cispo", eps_clip=0.5, eps_clip_high=1.0, proximal=proximal, **kw)
+
+
+def test_cispo_loss_and_gradient_by_hand():
+    loss, grad, stats = _cispo()
+    assert loss == pytest.approx(CISPO_LOSS, abs=1e-6)
+    torch.testing.assert_close(grad, CISPO_GRAD)
+    assert stats["clip_frac"] == pytest.approx(3 / 7)
+
+
+def test_gspo_and_cispo_compose_with_the_behavior_weight_like_ppo():
+    # Token weights pi_prox / pi_behav [[1, 2, 4], [0.5, 1, pad], [1, 1, pad]], tis cap 2:
+    # [[1, 2, 2], [0.5, 1], [1, 1]] multiply each token's loss and gradient.
+    weights = torch.tensor([[1.0, 2.0, 4.0], [0.5, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    capped = torch.tensor([[1.0, 2.0, 2.0], [0.5, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    tis = {"mismatch_correction": "tis", "mismatch_cap": 2.0}
+    # GSPO: seq 0 [-1, -2, -2], seq 1 [1, 2], seq 2 [-1.28, -1.28]
+    loss, grad, stats = _objective("gspo", behavior_logprobs=OBJ_PROXIMAL - weights.log(), **tis)
+    assert loss == pytest.approx((-5 + 3 - 2.56) / 7, abs=1e-6)
+    torch.testing.assert_close(grad, GSPO_GRAD * capped)
+    assert stats["mismatch_corrected_frac"] == pytest.approx(1 / 7)
+    # CISPO: token losses [2, 2, 1], [-0.75, -4.5], [0.2, 3] -> 2.95 / 7
+    behavior = OBJ_LOGPROBS - CISPO_RATIOS.log() - weights.log()
+    loss, grad, _ = _cispo(behavior_logprobs=behavior, **tis)
+    assert loss == pytest.approx(2.95 / 7, abs=1e-6)
+    torch.testing.assert_close(grad, CISPO_GRAD * capped)
+
+
+def _gspo_token_sum(logprobs, proximal, advantages, mask, eps_low, eps_high):
+    log_ratio = torch.where(mask, logprobs - proximal, 0.0)
+    own = torch.where(mask, logprobs, 0.0)
+    ratio = (log_ratio.sum(dim=1).detach()[:, None] + own - own.detach()).exp()
+    return losses._clipped_surrogate(ratio, advantages, eps_low, eps_high)
+
+
+def _gspo_mean_over_padding(logprobs, proximal, advantages, mask, eps_low, eps_high):
+    log_ratio = torch.where(mask, logprobs - proximal, 0.0)
+    own = torch.where(mask, logprobs, 0.0)
+    ratio = (log_ratio.mean(dim=1).detach()[:, None] + own - own.detach()).exp()
+    return losses._clipped_surrogate(ratio, advantages, eps_low, eps_high)
+
+
+def _cispo_without_stop_gradient(logprobs, proximal, advantages, mask, eps_low, eps_high):
+    ratio = torch.where(mask, logprobs - proximal, 0.0).exp()
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    return -advantages[:, None] * weight * logprobs, weight != ratio, ratio
+
+
+@pytest.mark.parametrize(
+    ("objective", "broken"),
+    [
+        ("gspo", _gspo_token_sum),  # s_i from the sum of log ratios, not their mean
+        ("gspo", losses.ppo_token_loss),  # per-token ratios
+        ("gspo", _gspo_mean_over_padding),  # the mean over the padded width
+        ("cispo", _cispo_without_stop_gradient),  # gradient through the weight as well
+        ("cispo", losses.ppo_token_loss),  # PPO's clipped surrogate
+    ],
+)
+def test_the_hand_computed_cases_catch_broken_variants(monkeypatch, objective, broken):
+    # The hand-computed figures hold for the real objective (tests above) and not for
+    # these plausible mistakes: swapped in, the loss or its gradient must differ.
+    monkeypatch.setattr(losses, f"{objective}_token_loss", broken)
+    loss, grad, _ = _objective("gspo") if objective == "gspo" else _cispo()
+    expected_loss, expected_grad = (
+        (GSPO_LOSS, GSPO_GRAD) if objective == "gspo" else (CISPO_LOSS, CISPO_GRAD)
+    )
+    assert abs(loss - expected_loss) > 1e-3 or (grad - expected_grad).abs().max() > 1e-3
+
+
+def test_unknown_objective_is_named():
+    with pytest.raises(ValueError, match="train.objective='reinforce'"):
+        _objective("reinforce")
+
+
+# ---- mismatch metrics --------------------------------------------------------------------
+
+
+def test_mismatch_metrics_by_hand():
+    # r = trainer - engine on 5 tokens: [0.1, -0.2, ln 3], [-ln 4, 0, (pad: 99)]
+    engine = torch.zeros(2, 3)
+    trainer = torch.tensor([[0.1, -0.2, math.log(3)], [-math.log(4), 0.0, 99.0]])
+    figures = mismatch_metrics(trainer, engine, MASK)
+    # mean |r| = (0.1 + 0.2 + 1.098612 + 1.386294 + 0) / 5
+    assert figures["mismatch_logprob_abs_mean"] == pytest.approx(2.784906 / 5, abs=1e-6)
+    # k3 = exp(r) - 1 - r: 0.005171 + 0.018731 + 0.901388 + 0.636294 + 0
+    assert figures["mismatch_kl_k3"] == pytest.approx(1.561584 / 5, abs=1e-6)
+    # ratios [1.105, 0.819, 3, 0.25, 1]: 3 and 0.25 are outside [0.5, 2]
+    assert figures["mismatch_ratio_outside_frac"] == pytest.approx(2 / 5)
+    nothing = mismatch_metrics(trainer, engine, torch.zeros(2, 3, dtype=torch.bool))
+    assert nothing == {key: 0.0 for key in figures}

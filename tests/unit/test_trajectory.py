@@ -5,14 +5,14 @@ from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction, Trajectory
 
 
-def call(cid, prompt, output, version=0):
+def call(cid, prompt, output, version=0, finish_reason="stop"):
     return Interaction(
         completion_id=cid,
         prompt_ids=prompt,
         output_ids=output,
         logprobs=[-0.5 - i for i in range(len(output))],
         versions=[version] * len(output),
-        finish_reason="stop",
+        finish_reason=finish_reason,
     )
 
 
@@ -37,6 +37,28 @@ def test_concat_masks_the_tokens_between_calls():
     assert traj.versions.tolist() == [-1, -1, 3, 3, -1, -1, 4]
     assert traj.behavior_logprobs.tolist() == [0, 0, -0.5, -1.5, 0, 0, -0.5]
     assert stats["concat_breaks"] == 0 and reasons == []
+
+
+def test_truncation_and_length_come_from_the_calls():
+    # A concatenated sample: 2 + 3 sampled tokens, the second call cut off at its limit.
+    first = call("a", [1, 2], [5, 6])
+    second = call("b", [1, 2, 5, 6, 20], [9, 10, 11], finish_reason="length")
+    (traj,), _, _ = build_trajectories([first, second], 1.0, "concat")
+    assert traj.truncated is True
+    assert traj.longest_call_tokens == 3  # the longest call's, not 2 + 3
+    # Per call: only the cut-off call's sample is truncated.
+    samples, _, _ = build_trajectories([first, second], 1.0, "per_call")
+    assert [(s.truncated, s.longest_call_tokens) for s in samples] == [(False, 2), (True, 3)]
+    # A sample built by hand is one call: its sampled tokens.
+    assert samples[0].num_sampled_tokens == 2
+    hand = Trajectory(
+        input_ids=torch.tensor([1, 2, 3]),
+        loss_mask=torch.tensor([False, True, True]),
+        behavior_logprobs=torch.zeros(3),
+        versions=torch.zeros(3, dtype=torch.int64),
+        reward=0.0,
+    )
+    assert hand.truncated is False and hand.longest_call_tokens == 2
 
 
 def test_concat_breaks_where_the_prompt_does_not_extend_the_chain():
@@ -116,8 +138,15 @@ def test_trajectory_rejects_a_mask_on_the_first_token():
 
 
 def test_json_round_trip():
-    (traj,), _, _ = build_trajectories([call("a", [1, 2, 3], [7, 8])], 1.0, group_id="g")
+    # Two calls, 2 + 3 sampled tokens, the second cut off: longest call 3 of 5 tokens.
+    calls = [call("a", [1, 2], [5, 6]), call("b", [1, 2, 5, 6], [9, 10, 11], 0, "length")]
+    (traj,), _, _ = build_trajectories(calls, 1.0, group_id="g")
     back = Trajectory.from_json(traj.to_json())
     assert torch.equal(back.input_ids, traj.input_ids)
     assert torch.equal(back.loss_mask, traj.loss_mask)
     assert back.group_id == "g"
+    assert back.truncated is True and back.longest_call_tokens == 3
+    # A row written before these fields existed: not truncated, one call of 5 tokens.
+    old = {k: v for k, v in traj.to_json().items() if k not in ("truncated", "longest_call_tokens")}
+    assert Trajectory.from_json(old).truncated is False
+    assert Trajectory.from_json(old).longest_call_tokens == 5

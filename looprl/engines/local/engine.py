@@ -61,7 +61,7 @@ from looprl.engines.local.runners import FusedRunner, HFRunner
 from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
 from looprl.precision import PrecisionError, decide_engine, layer_shape, probe, warn_once
 from looprl.runtime import tune_malloc
-from looprl.types import FinishReason, Generation, SamplingParams
+from looprl.types import FinishReason, Generation, LoraAdapter, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +245,21 @@ class LocalEngine:
     def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
         self._model.load_state_dict(state_dict)
         self._runner.reload(self._model)
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve the base weights with `adapter` applied (a low-rank term in the forward,
+        replacing the previous adapter; the base is not reloaded) between two steps; set
+        `version`."""
+        async with self._model_lock:
+            try:
+                self._runner.adapt(adapter)
+            except (ValueError, RuntimeError) as e:
+                raise EngineError(
+                    f"update_adapter(version={version}): the adapter does not fit the "
+                    f"engine's model ({type(self._model).__name__}): {e}"
+                ) from e
+            self._version = version
+            self._cache_is_stale = True
 
     async def pause(self) -> None:
         """Halt decoding; returns once the step in flight (if any) has finished."""

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from looprl.types import LoraAdapter
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _SLOT_ROUND, _COLUMN_ROUND = 8, 64
 
@@ -102,7 +104,9 @@ class FusedDecoder:
         self.qk_scale = torch.ones(self.num_heads + self.num_kv_heads, dtype=self.dtype)
         self.qk_scale[: self.num_heads] = self.scale
         self.qk_scale = self.qk_scale.to(self.device)
+        self.intermediate_size = cfg.intermediate_size
         self.load(model)
+        self.set_adapter(None)
 
     @torch.no_grad()
     def load(self, model: PreTrainedModel) -> None:
@@ -134,6 +138,61 @@ class FusedDecoder:
                     pack(mlp.down_proj.weight),
                 )
             )
+
+    @torch.no_grad()
+    def set_adapter(self, adapter: LoraAdapter | None) -> None:
+        """Serve the weights with `adapter` applied (None: without one), as a low-rank term
+        beside each fused weight: y = x W^T + (x A^T) B^T, where A stacks the adapted
+        projections' lora_A (R, in) and B (out, R) places each scaling x lora_B in its
+        projection's rows (block diagonal). Swapping adapters copies megabytes; the fused
+        (and packed) base weights are never rebuilt."""
+        terms_by_layer: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [
+            {} for _ in self.layers
+        ]
+        if adapter is None:
+            self.adapters = terms_by_layer
+            return
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hidden, inter = self.embed.shape[1], self.intermediate_size
+        groups = {
+            "qkv": (
+                ("self_attn.q_proj", h * d),
+                ("self_attn.k_proj", kv * d),
+                ("self_attn.v_proj", kv * d),
+            ),
+            "o": (("self_attn.o_proj", hidden),),
+            "gu": (("mlp.gate_proj", inter), ("mlp.up_proj", inter)),
+            "d": (("mlp.down_proj", hidden),),
+        }
+        applied = set()
+        for i, terms in enumerate(terms_by_layer):
+            for group, parts in groups.items():
+                names = [f"model.layers.{i}.{part}" for part, _ in parts]
+                present = [n for n in names if f"{n}.lora_A.weight" in adapter.tensors]
+                if not present:
+                    continue
+                a = torch.cat([adapter.tensors[f"{n}.lora_A.weight"] for n in present])
+                b = torch.zeros(sum(size for _, size in parts), a.shape[0])
+                row = column = 0
+                for name, (_, size) in zip(names, parts, strict=True):
+                    if name in present:
+                        block = adapter.tensors[f"{name}.lora_B.weight"]
+                        b[row : row + size, column : column + adapter.rank] = block
+                        column += adapter.rank
+                    row += size
+                terms[group] = (
+                    a.to(self.device, self.dtype),
+                    (adapter.scaling * b).to(self.device, self.dtype),
+                )
+                applied.update(present)
+        left = sorted(set(adapter.modules()) - applied)
+        if left:
+            raise ValueError(
+                f"the adapter adapts {left[:3]}, which the fused forward does not apply "
+                "(it adapts the attention and MLP projections); leave them out of "
+                "model.lora.target_modules, or set engine.impl=hf"
+            )
+        self.adapters = terms_by_layer  # only a whole adapter is ever applied
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # As Hugging Face's RMSNorm: statistics in float32, weight applied in the model
@@ -198,7 +257,9 @@ class FusedDecoder:
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
-            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, p, h + 2 * kv, d)
+            lowrank = self.adapters[i]
+            qkv = _project(self._norm(x, norm1), wqkv, lowrank.get("qkv"), bqkv)
+            qkv = qkv.view(b, p, h + 2 * kv, d)
             qkv = qkv.transpose(1, 2)  # (b, heads, p, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             v = qkv[:, h + kv :]
@@ -216,8 +277,8 @@ class FusedDecoder:
                 out = F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
                 )
-            x = x + _linear(out.transpose(1, 2).reshape(b, p, h * d), wo)
-            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
+            x = x + _project(out.transpose(1, 2).reshape(b, p, h * d), wo, lowrank.get("o"))
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd, lowrank)
         last = x[torch.arange(b, device=x.device), lengths - 1]
         return self._logits(last)
 
@@ -247,7 +308,9 @@ class FusedDecoder:
         x = F.embedding(ids, self.embed)  # (B, hidden)
         for i, layer in enumerate(self.layers):
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
-            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
+            lowrank = self.adapters[i]
+            qkv = _project(self._norm(x, norm1), wqkv, lowrank.get("qkv"), bqkv)
+            qkv = qkv.view(b, h + 2 * kv, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             cache.k[i, slots, :, :, positions] = k
             cache.v[i, slots, :, positions] = qkv[:, h + kv :]
@@ -261,13 +324,19 @@ class FusedDecoder:
             out = torch.matmul(probs, cache.v[i, :top, :, :width])  # (top, kv, group, d)
             if not in_order:
                 out = out[slots]
-            x = x + _linear(out.reshape(b, h * d), wo)
-            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
+            x = x + _project(out.reshape(b, h * d), wo, lowrank.get("o"))
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd, lowrank)
         return self._logits(x)
 
-    def _mlp(self, x: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-        gate, up = _linear(x, wgu).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, wd)
+    def _mlp(
+        self,
+        x: torch.Tensor,
+        wgu: torch.Tensor,
+        wd: torch.Tensor,
+        lowrank: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        gate, up = _project(x, wgu, lowrank.get("gu")).chunk(2, dim=-1)
+        return _project(F.silu(gate) * up, wd, lowrank.get("d"))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return _linear(self._norm(x, self.final_norm), self.lm_head).float()
@@ -282,6 +351,20 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def _project(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lowrank: tuple[torch.Tensor, torch.Tensor] | None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x W^T (+ bias), plus the adapter's low-rank term (x A^T) B^T when there is one."""
+    y = _linear(x, weight, bias)
+    if lowrank is not None:
+        a, b = lowrank
+        y = y.add_(F.linear(F.linear(x, a), b))
+    return y
 
 
 class SlotCache:

@@ -13,6 +13,8 @@ running sequences in the engine's order; new rows are appended at the end.
   update), returning (B, V) logits.
 - `reset()`: drop every row and free the cache.
 - `reload(model)`: the model's weights changed in place.
+- `adapt(adapter)`: serve the weights with this LoRA adapter applied (None: without),
+  as a low-rank term in the forward; the base weights are not touched.
 
 `FusedRunner` (Llama-family models, `fused.py`) keeps a preallocated slot cache and
 shares one prefill among identical prompts (the samples of a GRPO group).
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from looprl.engines.local.fused import FusedDecoder, PrefixStore, SlotCache, common_prefix_length
+from looprl.types import LoraAdapter
 
 
 class FusedRunner:
@@ -47,6 +50,11 @@ class FusedRunner:
 
     def reload(self, model: PreTrainedModel) -> None:
         self._decoder.load(model)
+        if self.prefixes is not None:
+            self.prefixes.clear()
+
+    def adapt(self, adapter: LoraAdapter | None) -> None:
+        self._decoder.set_adapter(adapter)
         if self.prefixes is not None:
             self.prefixes.clear()
 
@@ -162,9 +170,32 @@ class HFRunner:
         self._cache: DynamicCache | None = None
         self._mask = torch.zeros(0, 0, dtype=torch.long)  # (B, S) 1 = real token
         self._positions = torch.zeros(0, dtype=torch.long)  # (B,) position of the next token
+        self._adapter_hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def reload(self, model: PreTrainedModel) -> None:
         pass  # the forward reads the model's parameters directly
+
+    def adapt(self, adapter: LoraAdapter | None) -> None:
+        """A forward hook per adapted module adds scaling x (x A^T) B^T to its output."""
+        terms = []
+        for name in adapter.modules() if adapter is not None else []:
+            try:
+                module = self._model.get_submodule(name)
+            except AttributeError as e:
+                raise ValueError(f"the adapter adapts {name!r}, which the model has not") from e
+            a = adapter.tensors[f"{name}.lora_A.weight"]
+            b = adapter.scaling * adapter.tensors[f"{name}.lora_B.weight"]
+            dtype = self._model.dtype
+            terms.append((module, a.to(self._device, dtype), b.to(self._device, dtype)))
+        for hook in self._adapter_hooks:  # only a whole adapter is ever applied
+            hook.remove()
+        self._adapter_hooks = []
+        for module, a, b in terms:
+
+            def add_lowrank(_module, inputs, output, a=a, b=b):
+                return output + F.linear(F.linear(inputs[0], a), b)
+
+            self._adapter_hooks.append(module.register_forward_hook(add_lowrank))
 
     def fits(self, reserved: list[int]) -> bool:
         return sum(reserved) <= self._budget_tokens

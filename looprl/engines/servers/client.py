@@ -69,7 +69,8 @@ class ServerClient:
         params: dict | None = None,
         retry: bool = False,
     ) -> Any:
-        """POST `body` as JSON; returns the decoded reply (None for an empty one)."""
+        """POST `body` as JSON; returns the decoded reply (None for an empty one, the text
+        of one that is not JSON by its content type)."""
         return await self._call("POST", path, body=body, params=params, retry=retry)
 
     async def close(self) -> None:
@@ -117,6 +118,8 @@ class ServerClient:
             )
         if not response.content:
             return None
+        if "json" not in response.headers.get("content-type", ""):
+            return response.text  # e.g. vLLM's "Success: LoRA adapter ... added"
         try:
             return response.json()
         except ValueError as e:

@@ -2,15 +2,16 @@
 SGLang engine adapters share.
 
 Owns: the server's connection (`ServerClient`), its process when looprl launched it,
-the weight folder it loads from, the policy version it serves, and the order of a
-weight update: write the folder, pause, load, record the version, resume (unless the
-caller had paused). `ServerEngine` is the part of the Engine protocol every such
-adapter answers alike (version, weights, pause, resume, memory, stop); the adapters add
-`generate`. Pausing first drains our requests at the `RequestGate`, then makes
-the server's own pause call. A server looprl launched can be started again after it
-died (`restart`: same command, new port, the weights of the version it served). Does
-not own the HTTP calls that differ between servers (pause, resume, load, generate):
-each adapter states its `ServerCalls`; nor when to restart (the engine pool decides).
+the weight folder it loads from, the policy version it serves (and the LoRA adapter,
+with model.lora), and the order of a weight update: write the folder, pause, load,
+record the version, resume (unless the caller had paused). `ServerEngine` is the part
+of the Engine protocol every such adapter answers alike (version, weights, adapters,
+pause, resume, memory, stop); the adapters add `generate`. Pausing first drains our
+requests at the `RequestGate`, then makes the server's own pause call. A server looprl
+launched can be started again after it died (`restart`: same command, new port, the
+weights of the version it served). Does not own the HTTP calls that differ between
+servers (pause, resume, load, generate): each adapter states its `ServerCalls`; nor
+when to restart (the engine pool decides).
 
 Concurrency contract: `request()` (an async context manager, on the event loop) waits
 while paused, then yields the version that every token of that request carries; the
@@ -31,13 +32,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from looprl import adapters
 from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerError, ServerProcess
 from looprl.engines.servers.request_gate import RequestGate
 from looprl.engines.servers.weight_folder import WeightFolder
-from looprl.types import FinishReason, Generation, SamplingParams
+from looprl.types import FinishReason, Generation, LoraAdapter, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,11 @@ class ServerCalls:
     # (a collocated trainer steps in between); None where the server cannot.
     release: Callable[[ServerClient], Awaitable[object]] | None = None
     reacquire: Callable[[ServerClient], Awaitable[object]] | None = None
+    # Load a LoRA adapter folder under a name that requests then ask for, and drop one,
+    # without touching the base weights; None where the server cannot (an adapter is
+    # then merged into the base and loaded as a full weight folder).
+    load_adapter: Callable[[ServerClient, str, Path], Awaitable[object]] | None = None
+    unload_adapter: Callable[[ServerClient, str], Awaitable[object]] | None = None
 
 
 class ReloadableServer:
@@ -79,6 +86,7 @@ class ReloadableServer:
         self._process_for = process_for
         self._calls = calls
         self._version = 0
+        self.adapter: str | None = None  # name of the LoRA adapter requests ask for
         self._gate = RequestGate()
         self._control_lock = asyncio.Lock()
         self._paused = False
@@ -114,7 +122,10 @@ class ReloadableServer:
                 f"the {self.client.name} at {self.client.url} was not launched by looprl "
                 "(engine.url), so looprl cannot restart it; restart it where it runs"
             )
-        model_dir = self.weights.path(self._version)
+        # With an adapter loaded, the base it adapts (the newest full version) starts,
+        # and the adapter is loaded again.
+        served = self.weights.versions()[-1:] if self.adapter else [self._version]
+        model_dir = self.weights.path(served[0]) if served else self.weights.root
         if not model_dir.is_dir():
             raise EngineError(
                 f"cannot restart the {self.client.name}: the weights of version "
@@ -149,6 +160,9 @@ class ReloadableServer:
                 raise
             self.client = _client(process)
             self._paused = self._released = False
+            if self.adapter is not None:
+                path = self.weights.adapter_path(self._version)
+                await self._calls.load_adapter(self.client, self.adapter, path)
             self._gate.open()
 
     @property
@@ -170,6 +184,32 @@ class ReloadableServer:
             await self.reacquire_memory()
             await self._calls.load(self.client, path, version)
             self._version = version
+            if self.adapter is not None:  # full weights replace base + adapter
+                previous, self.adapter = self.adapter, None
+                await self._calls.unload_adapter(self.client, previous)
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve the base weights with `adapter` as `version`: its folder loaded by name
+        (the base stays; the previous adapter is dropped once requests ask for the new
+        one), or, where the server cannot load adapters, merged into the newest full
+        version and loaded as weights."""
+        if self._calls.load_adapter is None:
+            merged = adapters.merge(await asyncio.to_thread(self.weights.read_base), adapter)
+            await self.update_weights(merged, version)
+            return
+        path = await asyncio.to_thread(self.weights.write_adapter, adapter, version)
+        name = f"{path.name}"
+        was_paused = self._paused
+        await self.pause()
+        try:
+            await self.reacquire_memory()
+            await self._calls.load_adapter(self.client, name, path)
+            previous, self.adapter, self._version = self.adapter, name, version
+            if previous is not None and previous != name:
+                await self._calls.unload_adapter(self.client, previous)
         finally:
             if not was_paused:
                 await self.resume()
@@ -350,6 +390,10 @@ class ServerEngine:
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Write `state_dict` as `version`, then load it in the server between requests."""
         await self.server.update_weights(state_dict, version)
+
+    async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
+        """Serve base + `adapter` as `version` (`ReloadableServer.update_adapter`)."""
+        await self.server.update_adapter(adapter, version)
 
     async def pause(self) -> None:
         """Let requests in flight finish, hold new ones, and pause the server."""

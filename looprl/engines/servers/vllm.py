@@ -67,9 +67,11 @@ class VLLMEngine(ServerEngine):
         run_dir: Path,
         served_name: str,
         gpus: int,
+        max_lora_rank: int = 0,
     ) -> VLLMEngine:
         """Write `model`'s weights as version 0 and start a vLLM server on them (~30 s on
-        CPU with --enforce-eager in engine.server_args, ~100 s compiled)."""
+        CPU with --enforce-eager in engine.server_args, ~100 s compiled); with
+        `max_lora_rank`, able to load LoRA adapters of up to that rank at run time."""
         python = _python(cfg, gpus)
         log_path = Path(run_dir) / "logs" / "vllm-0.log"
 
@@ -87,6 +89,7 @@ class VLLMEngine(ServerEngine):
                 gpu_memory_fraction=cfg.gpu_memory_fraction,
                 attention_backend=cfg.attention_backend,
                 gpus=gpus,
+                max_lora_rank=max_lora_rank,
             ).process
 
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
@@ -127,7 +130,7 @@ class VLLMEngine(ServerEngine):
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict:
         body = {
-            "model": self.served_name,
+            "model": self.server.adapter or self.served_name,
             "prompt": list(prompt_ids),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -181,12 +184,23 @@ async def _load(client: ServerClient, path: Path, version: int) -> None:
     await client.post("/update_weight_version", {"new_version": str(version)})
 
 
+async def _load_adapter(client: ServerClient, name: str, path: Path) -> None:
+    """Load the adapter folder as model `name`; the base weights stay as they are."""
+    await client.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+
+async def _unload_adapter(client: ServerClient, name: str) -> None:
+    await client.post("/v1/unload_lora_adapter", {"lora_name": name})
+
+
 _CALLS = ServerCalls(
     pause=lambda client: client.post("/pause", params={"mode": "wait"}, retry=True),
     resume=lambda client: client.post("/resume", retry=True),
     load=_load,
     release=lambda client: client.post("/sleep", params={"level": 1}, retry=True),
     reacquire=lambda client: client.post("/wake_up", retry=True),
+    load_adapter=_load_adapter,
+    unload_adapter=_unload_adapter,
 )
 
 

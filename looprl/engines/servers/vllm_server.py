@@ -70,6 +70,7 @@ class VLLMServer:
         gpu_memory_fraction: float | None = None,
         attention_backend: str | None = None,
         gpus: int = 0,
+        max_lora_rank: int = 0,
     ) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -85,6 +86,8 @@ class VLLMServer:
             cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
         if attention_backend is not None:
             cmd += ["--attention-backend", attention_backend]
+        if max_lora_rank:  # two adapters: the one served, and the next while it loads
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "2"]
         self.api_key = secrets.token_urlsafe(32)
         path = os.pathsep.join(filter(None, [str(_AUTH_DIR), os.environ.get("PYTHONPATH")]))
         env = {
@@ -95,6 +98,8 @@ class VLLMServer:
             "LOOPRL_SERVER_API_KEY": self.api_key,
             "PYTHONPATH": path,
         }
+        if max_lora_rank:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if gpus == 0:
             cores = os.cpu_count() or 1
             env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib or _CPU_KV_CACHE_GIB)

@@ -23,12 +23,14 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from transformers.generation import GenerationConfig
 
+from looprl import adapters
 from looprl.models import DTYPES, write_model_folder
+from looprl.types import LoraAdapter
 
 VERSION_FILE = "version.json"
 
@@ -103,6 +105,27 @@ class WeightFolder:
         target = write_model_folder(self.path(version), fill)
         self._prune()
         return target
+
+    def adapter_path(self, version: int) -> Path:
+        return self.root / f"lora-v{version:06d}"
+
+    def write_adapter(self, adapter: LoraAdapter, version: int) -> Path:
+        """Write `adapter` as version `version`, a peft adapter folder of the base version
+        served (a full version is kept beside it); returns its folder."""
+        base = self.path(self.versions()[-1]) if self.versions() else self.root
+        target = write_model_folder(
+            self.adapter_path(version), lambda tmp: adapters.write_folder(adapter, tmp, base)
+        )
+        for old in sorted(self.root.glob("lora-v[0-9]*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    def read_base(self) -> dict[str, torch.Tensor]:
+        """The tensors of the newest full version (for merging an adapter into them)."""
+        versions = self.versions()
+        if not versions:
+            raise FileNotFoundError(f"{self.root} holds no model version to merge an adapter into")
+        return load_file(self.path(versions[-1]) / "model.safetensors")
 
     def versions(self) -> list[int]:
         """Versions on disk, oldest first."""

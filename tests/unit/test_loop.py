@@ -1,0 +1,29 @@
+from looprl.config import load_config
+from looprl.loop import describe_loss
+
+
+def test_the_start_up_log_names_the_resolved_loss():
+    # eps_clip left unset: the objective's own range is what the log shows.
+    assert describe_loss(load_config()) == (
+        "Loss: grpo advantages, ppo objective with its ratio clipped to [0.8, 1.2] "
+        "(eps_clip=0.2, eps_clip_high=0.2), token_mean aggregation; behavior weight (token "
+        "level) mis: weights outside [0, 5] masked; logprobs at temperature 1, top_k 0, "
+        "top_p 1 (sampling's, forced on every training session)"
+    )
+    gspo = load_config(
+        None,
+        [
+            "train.objective=gspo",
+            "train.mismatch_correction=tis",
+            "train.mismatch_level=geometric",
+            "sampling.top_k=20",
+            "sampling.top_p=0.9",
+        ],
+    )
+    line = describe_loss(gspo)
+    assert "gspo objective with its ratio clipped to [0.9997, 1.0004]" in line
+    assert "behavior weight (geometric level) tis: truncated at 5" in line
+    assert "top_k 20, top_p 0.9" in line
+    # Greedy rollouts: the trainer takes the model's own distribution, untruncated.
+    greedy = load_config(None, ["sampling.temperature=0", "sampling.top_k=20"])
+    assert "temperature 1, top_k 0, top_p 1" in describe_loss(greedy)
