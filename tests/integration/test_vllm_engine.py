@@ -7,15 +7,19 @@ engine vs the trainer under bf16 autocast (the training default): behavior weigh
 within 0.05 of 1 (measured 0.994-1.002; mean |diff| 0.038 by `looprl debug
 consistency`, BENCHMARKS.md).
 
-One server (float32, --enforce-eager, ~30-50 s to start) serves the engine tests in
-order; the training run starts its own (bfloat16).
+One server (float32, --enforce-eager, LoRA enabled, ~30-50 s to start) serves the engine
+tests in order, LoRA adapters loaded by name included; the training run starts its own
+(bfloat16).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,8 +28,9 @@ import pytest
 import pytest_asyncio
 import torch
 
+from looprl import adapters
 from looprl.commands.consistency import measure, task_prompts
-from looprl.config import EngineConfig, load_config
+from looprl.config import EngineConfig, LoraConfig, TrainConfig, load_config
 from looprl.engines.base import EngineError
 from looprl.engines.launch import start_engine
 from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
@@ -43,6 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
 TEMPERATURE = 0.8
+LORA_RANK = 8
 SERVER = [
     "engine.type=vllm",
     f"engine.venv={VENV}",
@@ -67,7 +73,13 @@ async def fp32(vllm_venv, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     cfg = load_config(
         None,
-        [*SERVER, "engine.dtype=float32", "train.compute_dtype=float32", f"run.fileroot={root}"],
+        [
+            *SERVER,
+            "engine.dtype=float32",
+            "train.compute_dtype=float32",
+            f"model.lora.rank={LORA_RANK}",  # the server can load adapters (LoRA tests)
+            f"run.fileroot={root}",
+        ],
     )
     tokenizer = load_tokenizer("default")
     policy = load_model("default")
@@ -230,6 +242,68 @@ async def test_connect_refuses_a_server_without_vllm_dev_endpoints(tiny_model_di
                 tokenizer=load_tokenizer(tiny_model_dir),
                 run_dir=tmp_path,
             )
+
+
+def _random_adapter(seed: int):
+    """A rank-LORA_RANK adapter of the default model whose lora_B is not zero."""
+    trainer = Trainer(
+        load_model("default"), TrainConfig(compute_dtype="float32"), lora=LoraConfig(rank=LORA_RANK)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return trainer.adapter_for_engine()
+
+
+def _logprobs_with(base, adapter, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Logprobs of `output` under a copy of `base` with `adapter` (if any) merged in."""
+    model = copy.deepcopy(base)
+    if adapter is not None:
+        model.load_state_dict(adapters.merge(model.state_dict(), adapter))
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+    return logits.float().log_softmax(-1).gather(1, torch.tensor(output)[:, None])[:, 0]
+
+
+async def test_lora_adapters_load_by_name_and_the_base_is_never_reloaded(fp32):
+    engine, prompt = fp32.engine, fp32.prompts[0]
+    log = fp32.cfg.run_dir / "logs" / "vllm-0.log"
+    reloads = log.read_text().count("/collective_rpc")
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+    for version, seed in ((3, 0), (4, 1)):
+        adapter = _random_adapter(seed)
+        await engine.update_adapter(adapter, version)
+        assert engine.version == version
+        assert engine.server.adapter == f"lora-v{version:06d}"
+        models = (await engine.server.client.get("/v1/models"))["data"]
+        # the base and this version only: the previous adapter was unloaded
+        assert sorted(m["id"] for m in models) == sorted(["policy", engine.server.adapter])
+        gen = await engine.generate(prompt, sampling)
+        assert gen.versions == [version] * len(gen.output_ids)
+        # sampled from base + this adapter, not from the base alone
+        # (the server's base is fp32.policy, which earlier tests loaded into it)
+        want = _logprobs_with(fp32.policy, adapter, prompt, gen.output_ids)
+        assert (torch.tensor(gen.logprobs) - want).abs().max() < 2e-3
+        plain = _logprobs_with(fp32.policy, None, prompt, gen.output_ids)
+        assert (torch.tensor(gen.logprobs) - plain).abs().max() > 0.05
+    assert log.read_text().count("/collective_rpc") == reloads  # never the base
+    folder = fp32.cfg.run_dir / "weights" / "lora-v000004"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["r"] == LORA_RANK and config["peft_type"] == "LORA"
+
+
+async def test_a_restarted_server_comes_back_with_its_adapter(fp32):
+    engine, prompt = fp32.engine, fp32.prompts[0]
+    await engine.update_adapter(_random_adapter(5), 5)
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
+    before = await engine.generate(prompt, sampling)
+    os.kill(engine.server.process.pid, signal.SIGKILL)
+    await engine.restart()
+    assert engine.version == 5 and engine.server.adapter == "lora-v000005"
+    after = await engine.generate(prompt, sampling)
+    assert after.output_ids == before.output_ids and after.versions[0] == 5
 
 
 async def test_a_server_that_died_is_reported_with_its_log(fp32):
