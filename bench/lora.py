@@ -3,10 +3,11 @@ size, weight-sync time, and what the adapter costs the local engine's decoding.
 
 Claims measured, in one run on the same machine, each configuration in a fresh process
 (so that its peak memory is its own):
-- peak trainer memory: the process's resident memory (sampled every 5 ms) at its
-  highest during 3 train steps, the policy loaded (full: float32 weights + gradients +
-  AdamW moments; LoRA: the frozen base in the dtype the trainer computes in, the
-  adapters, their gradients and moments);
+- peak trainer memory: what the trainer adds to the process's resident memory (sampled
+  every 5 ms) at its highest while it loads the policy and takes 4 train steps, over
+  the process before (full: float32 weights + gradients + AdamW moments; LoRA: the
+  frozen base in the dtype the trainer computes in, the adapters, their gradients and
+  moments; both: the activations of the default job's batch);
 - step time: `Trainer.train_step` on the default job's batch (bench/train_step.py's: 64
   rows, 8 groups of 8), best of 3 after a warm-up;
 - checkpoint size: the bytes of the tensors `Trainer.state_dict()` saves;
@@ -90,18 +91,18 @@ async def decode_tokens_per_s(engine: LocalEngine, prompts: list[list[int]]) -> 
 
 async def one(rank: int) -> dict:
     """Measure one configuration (rank 0: full fine-tuning) in this process."""
-    tokenizer, model = load_tokenizer("default"), load_model("default")
-    engine = LocalEngine.for_model(model, tokenizer, EngineConfig())
+    tokenizer = load_tokenizer("default")
     batch = default_job_batch(tokenizer)
+    before = rss_bytes()  # the process without a model: what the trainer adds is the rest
     with PeakRss() as memory:
-        trainer = Trainer(model, TrainConfig(), lora=LoraConfig(rank=rank))
-        del model
+        trainer = Trainer(load_model("default"), TrainConfig(), lora=LoraConfig(rank=rank))
         trainer.train_step(batch)  # warm-up
         times = []
         for _ in range(3):
             start = time.perf_counter()
             trainer.train_step(batch)
             times.append(time.perf_counter() - start)
+    engine = LocalEngine.for_model(load_model("default"), tokenizer, EngineConfig())
     syncs = []
     for version in range(1, 6):
         start = time.perf_counter()
@@ -124,7 +125,7 @@ async def one(rank: int) -> dict:
     return {
         "rank": rank,
         "precision": trainer.precision.describe(),
-        "peak_rss": memory.peak,
+        "peak_rss": memory.peak - before,
         "step_s": min(times),
         "checkpoint_bytes": tensor_bytes(trainer.state_dict()),
         "trainable": sum(p.numel() for p in trainer.params),

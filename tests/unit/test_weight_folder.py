@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from looprl.engines.servers.weight_folder import WeightFolder
 from looprl.models import load_tokenizer
+from looprl.types import LoraAdapter
 from tests.conftest import tiny_llama_config
 
 
@@ -85,6 +86,27 @@ def test_newest_versions_are_kept_and_nothing_half_written_is_left(tmp_path, tok
     assert again.versions() == [0]
     again.remove()
     assert not tmp_path.exists()
+
+
+def test_a_lower_version_written_last_is_kept_and_adapters_are_pruned_alike(tmp_path, tokenizer):
+    model = _tied_model(tokenizer)
+    folder = WeightFolder.for_model(tmp_path, model, tokenizer, "float32")  # keeps 2
+    for version in (1, 2, 3, 1):  # a lower version written again, e.g. by a bench
+        path = folder.write(model.state_dict(), version)
+    assert path.is_dir() and folder.versions() == [1, 3]  # 2 was the oldest write
+    a = torch.zeros(4, model.config.hidden_size)
+    b = torch.zeros(model.config.hidden_size, 4)
+    name = "model.layers.0.self_attn.o_proj"
+    adapter = LoraAdapter(
+        {f"{name}.lora_A.weight": a, f"{name}.lora_B.weight": b},
+        rank=4,
+        alpha=8,
+        target_modules=("o_proj",),
+    )
+    for version in (1, 2, 3, 1):
+        written = folder.write_adapter(adapter, version)
+    assert written.is_dir() and (written / "adapter_config.json").is_file()
+    assert sorted(p.name for p in tmp_path.glob("lora-v*")) == ["lora-v000001", "lora-v000003"]
 
 
 def test_options_are_checked(tmp_path, tokenizer):

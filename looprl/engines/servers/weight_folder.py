@@ -63,6 +63,7 @@ class WeightFolder:
         shutil.rmtree(self.root, ignore_errors=True)  # versions of an earlier run go
         self.root.mkdir(parents=True)
         self._files = self.root / ".files"  # config and tokenizer, copied into each version
+        self._written: dict[str, list[Path]] = {}  # folders of each kind, oldest write first
         config = copy.deepcopy(config)
         config.tie_word_embeddings = False  # see the module docstring
         config.dtype = dtype
@@ -103,7 +104,7 @@ class WeightFolder:
             (tmp / VERSION_FILE).write_text(json.dumps({"version": version}))
 
         target = write_model_folder(self.path(version), fill)
-        self._prune()
+        self._prune("weights", target)
         return target
 
     def adapter_path(self, version: int) -> Path:
@@ -116,8 +117,7 @@ class WeightFolder:
         target = write_model_folder(
             self.adapter_path(version), lambda tmp: adapters.write_folder(adapter, tmp, base)
         )
-        for old in sorted(self.root.glob("lora-v[0-9]*"))[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._prune("adapters", target)
         return target
 
     def read_base(self) -> dict[str, torch.Tensor]:
@@ -139,6 +139,13 @@ class WeightFolder:
         """Delete every version (the server that read them has stopped)."""
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _prune(self) -> None:
-        for version in self.versions()[: -self.keep]:
-            shutil.rmtree(self.path(version), ignore_errors=True)
+    def _prune(self, kind: str, written: Path) -> None:
+        """Keep `written` and the `keep` - 1 folders of its kind written last before it (in
+        the order written, not by number: a version written again may be lower)."""
+        order = self._written.setdefault(kind, [])
+        if written in order:
+            order.remove(written)
+        order.append(written)
+        for old in order[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        del order[: -self.keep]
