@@ -247,9 +247,10 @@ class LocalEngine:
         self._runner.reload(self._model)
 
     async def update_adapter(self, adapter: LoraAdapter, version: int) -> None:
-        """Serve the base weights with `adapter` applied (a low-rank term in the forward,
-        replacing the previous adapter; the base is not reloaded) between two steps; set
-        `version`."""
+        """Serve the base weights with `adapter` applied, in place of the previous adapter,
+        between two steps; set `version`. The engine's copy of the base stays as it is:
+        the fused forward rebuilds its fused weights from it with the adapter merged in,
+        the Hugging Face forward adds a low-rank term per adapted module."""
         async with self._model_lock:
             try:
                 self._runner.adapt(adapter)

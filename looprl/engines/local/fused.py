@@ -106,18 +106,28 @@ class FusedDecoder:
         self.qk_scale = self.qk_scale.to(self.device)
         self.intermediate_size = cfg.intermediate_size
         self.load(model)
-        self.set_adapter(None)
 
     @torch.no_grad()
-    def load(self, model: PreTrainedModel) -> None:
-        """(Re)build the fused weights from `model`'s current parameters."""
+    def load(self, model: PreTrainedModel, adapter: LoraAdapter | None = None) -> None:
+        """(Re)build the fused weights from `model`'s current parameters, with `adapter`
+        (if any) merged into them: each fused weight W becomes W + B A (computed in
+        float32), `model` itself is left as it is. An adapter that does not fit raises
+        before anything changes."""
+        deltas = self._adapter_deltas(adapter)
         inner = model.model
         pack = _pack if self.packed else lambda w: w
+
+        def fused(i: int, group: str, weight: torch.Tensor) -> torch.Tensor:
+            delta = deltas[i].get(group)
+            if delta is not None:
+                weight = (weight.float() + delta).to(weight.dtype)
+            return pack(weight)
+
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
         self.lm_head = pack(model.get_output_embeddings().weight)
         self.layers = []
-        for layer in inner.layers:
+        for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.q_proj, attn.k_proj, attn.v_proj)
             bias = None
@@ -128,30 +138,24 @@ class FusedDecoder:
             self.layers.append(
                 (
                     layer.input_layernorm.weight,
-                    pack(torch.cat([p.weight for p in projections])),
+                    fused(i, "qkv", torch.cat([p.weight for p in projections])),
                     bias,
                     None if q_norm is None else q_norm.weight,
                     None if k_norm is None else k_norm.weight,
-                    pack(attn.o_proj.weight),
+                    fused(i, "o", attn.o_proj.weight),
                     layer.post_attention_layernorm.weight,
-                    pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                    pack(mlp.down_proj.weight),
+                    fused(i, "gu", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    fused(i, "d", mlp.down_proj.weight),
                 )
             )
 
-    @torch.no_grad()
-    def set_adapter(self, adapter: LoraAdapter | None) -> None:
-        """Serve the weights with `adapter` applied (None: without one), as a low-rank term
-        beside each fused weight: y = x W^T + (x A^T) B^T, where A stacks the adapted
-        projections' lora_A (R, in) and B (out, R) places each scaling x lora_B in its
-        projection's rows (block diagonal). Swapping adapters copies megabytes; the fused
-        (and packed) base weights are never rebuilt."""
-        terms_by_layer: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [
-            {} for _ in self.layers
-        ]
+    def _adapter_deltas(self, adapter: LoraAdapter | None) -> list[dict[str, torch.Tensor]]:
+        """Per layer, `adapter`'s float32 delta (out, in) of each fused weight it adapts:
+        scaling x B A of each projection, q|k|v and gate|up stacked as their weights are.
+        Raises naming the modules the fused forward has no weight for."""
+        deltas: list[dict[str, torch.Tensor]] = [{} for _ in range(self.num_layers)]
         if adapter is None:
-            self.adapters = terms_by_layer
-            return
+            return deltas
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         hidden, inter = self.embed.shape[1], self.intermediate_size
         groups = {
@@ -165,26 +169,29 @@ class FusedDecoder:
             "d": (("mlp.down_proj", hidden),),
         }
         applied = set()
-        for i, terms in enumerate(terms_by_layer):
+        for i, layer_deltas in enumerate(deltas):
             for group, parts in groups.items():
                 names = [f"model.layers.{i}.{part}" for part, _ in parts]
-                present = [n for n in names if f"{n}.lora_A.weight" in adapter.tensors]
-                if not present:
+                if not any(f"{n}.lora_A.weight" in adapter.tensors for n in names):
                     continue
-                a = torch.cat([adapter.tensors[f"{n}.lora_A.weight"] for n in present])
-                b = torch.zeros(sum(size for _, size in parts), a.shape[0])
-                row = column = 0
-                for name, (_, size) in zip(names, parts, strict=True):
-                    if name in present:
-                        block = adapter.tensors[f"{name}.lora_B.weight"]
-                        b[row : row + size, column : column + adapter.rank] = block
-                        column += adapter.rank
-                    row += size
-                terms[group] = (
-                    a.to(self.device, self.dtype),
-                    (adapter.scaling * b).to(self.device, self.dtype),
+                blocks = []
+                for name in names:
+                    a = adapter.tensors.get(f"{name}.lora_A.weight")
+                    if a is None:
+                        blocks.append(None)
+                        continue
+                    b = adapter.tensors[f"{name}.lora_B.weight"]
+                    blocks.append(
+                        b.to(self.device, torch.float32) @ a.to(self.device, torch.float32)
+                    )
+                    applied.add(name)
+                width = next(x.shape[1] for x in blocks if x is not None)
+                layer_deltas[group] = adapter.scaling * torch.cat(
+                    [
+                        torch.zeros(size, width, device=self.device) if x is None else x
+                        for x, (_, size) in zip(blocks, parts, strict=True)
+                    ]
                 )
-                applied.update(present)
         left = sorted(set(adapter.modules()) - applied)
         if left:
             raise ValueError(
@@ -192,7 +199,7 @@ class FusedDecoder:
                 "(it adapts the attention and MLP projections); leave them out of "
                 "model.lora.target_modules, or set engine.impl=hf"
             )
-        self.adapters = terms_by_layer  # only a whole adapter is ever applied
+        return deltas
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # As Hugging Face's RMSNorm: statistics in float32, weight applied in the model
@@ -257,9 +264,7 @@ class FusedDecoder:
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
-            lowrank = self.adapters[i]
-            qkv = _project(self._norm(x, norm1), wqkv, lowrank.get("qkv"), bqkv)
-            qkv = qkv.view(b, p, h + 2 * kv, d)
+            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, p, h + 2 * kv, d)
             qkv = qkv.transpose(1, 2)  # (b, heads, p, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             v = qkv[:, h + kv :]
@@ -277,8 +282,8 @@ class FusedDecoder:
                 out = F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
                 )
-            x = x + _project(out.transpose(1, 2).reshape(b, p, h * d), wo, lowrank.get("o"))
-            x = x + self._mlp(self._norm(x, norm2), wgu, wd, lowrank)
+            x = x + _linear(out.transpose(1, 2).reshape(b, p, h * d), wo)
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
         last = x[torch.arange(b, device=x.device), lengths - 1]
         return self._logits(last)
 
@@ -308,9 +313,7 @@ class FusedDecoder:
         x = F.embedding(ids, self.embed)  # (B, hidden)
         for i, layer in enumerate(self.layers):
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
-            lowrank = self.adapters[i]
-            qkv = _project(self._norm(x, norm1), wqkv, lowrank.get("qkv"), bqkv)
-            qkv = qkv.view(b, h + 2 * kv, d)
+            qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             cache.k[i, slots, :, :, positions] = k
             cache.v[i, slots, :, positions] = qkv[:, h + kv :]
@@ -324,19 +327,13 @@ class FusedDecoder:
             out = torch.matmul(probs, cache.v[i, :top, :, :width])  # (top, kv, group, d)
             if not in_order:
                 out = out[slots]
-            x = x + _project(out.reshape(b, h * d), wo, lowrank.get("o"))
-            x = x + self._mlp(self._norm(x, norm2), wgu, wd, lowrank)
+            x = x + _linear(out.reshape(b, h * d), wo)
+            x = x + self._mlp(self._norm(x, norm2), wgu, wd)
         return self._logits(x)
 
-    def _mlp(
-        self,
-        x: torch.Tensor,
-        wgu: torch.Tensor,
-        wd: torch.Tensor,
-        lowrank: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    ) -> torch.Tensor:
-        gate, up = _project(x, wgu, lowrank.get("gu")).chunk(2, dim=-1)
-        return _project(F.silu(gate) * up, wd, lowrank.get("d"))
+    def _mlp(self, x: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+        gate, up = _linear(x, wgu).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, wd)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return _linear(self._norm(x, self.final_norm), self.lm_head).float()
@@ -351,20 +348,6 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-def _project(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    lowrank: tuple[torch.Tensor, torch.Tensor] | None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x W^T (+ bias), plus the adapter's low-rank term (x A^T) B^T when there is one."""
-    y = _linear(x, weight, bias)
-    if lowrank is not None:
-        a, b = lowrank
-        y = y.add_(F.linear(F.linear(x, a), b))
-    return y
 
 
 class SlotCache:

@@ -13,8 +13,10 @@ running sequences in the engine's order; new rows are appended at the end.
   update), returning (B, V) logits.
 - `reset()`: drop every row and free the cache.
 - `reload(model)`: the model's weights changed in place.
-- `adapt(adapter)`: serve the weights with this LoRA adapter applied (None: without),
-  as a low-rank term in the forward; the base weights are not touched.
+- `adapt(adapter)`: serve the weights with this LoRA adapter applied (None: without);
+  the model's own (base) weights are not touched. The fused runner merges it into its
+  fused weights (W + B A, rebuilt from the base each time, so versions never drift);
+  the Hugging Face one adds a low-rank term after each adapted module.
 
 `FusedRunner` (Llama-family models, `fused.py`) keeps a preallocated slot cache and
 shares one prefill among identical prompts (the samples of a GRPO group).
@@ -41,6 +43,7 @@ class FusedRunner:
         packed: bool = False,
     ) -> None:
         self._decoder = FusedDecoder(model, packed=packed)
+        self._model = model  # the base: an adapter is merged into the fused copy only
         self._device = model.device
         self.cache = SlotCache(self._decoder, budget_tokens)
         self.prefixes = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
@@ -54,7 +57,7 @@ class FusedRunner:
             self.prefixes.clear()
 
     def adapt(self, adapter: LoraAdapter | None) -> None:
-        self._decoder.set_adapter(adapter)
+        self._decoder.load(self._model, adapter)
         if self.prefixes is not None:
             self.prefixes.clear()
 
@@ -173,7 +176,7 @@ class HFRunner:
         self._adapter_hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def reload(self, model: PreTrainedModel) -> None:
-        pass  # the forward reads the model's parameters directly
+        self.adapt(None)  # new full weights replace base + adapter; the forward reads them
 
     def adapt(self, adapter: LoraAdapter | None) -> None:
         """A forward hook per adapted module adds scaling x (x A^T) B^T to its output."""
