@@ -17,12 +17,14 @@ import httpx
 import pytest
 import torch
 
-from looprl.config import Config, EngineConfig, load_config
+from looprl import adapters
+from looprl.config import Config, EngineConfig, LoraConfig, TrainConfig, load_config
 from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
 from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
 from looprl.engines.servers.sglang import SGLangEngine, sglang_command
 from looprl.models import load_model, load_tokenizer
+from looprl.training.trainer import Trainer
 from looprl.types import SamplingParams
 from tests.support.sglang_protocol import sglang_protocol_server
 
@@ -139,6 +141,31 @@ async def test_update_weights_goes_through_a_versioned_folder(engine, server, mo
     # the server really serves the new weights: the old tokens now score differently
     rescored = _reference_logprobs(model, prompt, before.output_ids, 1.0)
     assert (rescored - torch.tensor(before.logprobs)).abs().max() > 1e-3
+
+
+async def test_a_lora_adapter_is_merged_into_the_base_folder_where_the_server_loads_no_adapters(
+    engine, server, model, tokenizer
+):
+    """SGLang's engine has no adapter-loading calls here: the adapter is merged into the
+    newest full version and loaded as a weight folder."""
+    _, state, _ = server
+    trainer = Trainer(load_model(model.name_or_path), TrainConfig(compute_dtype="float32"),
+                      lora=LoraConfig(rank=4))  # fmt: skip
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    adapter = trainer.adapter_for_engine()
+    await engine.update_adapter(adapter, 1)
+    assert engine.version == 1 and state.model_path.endswith("weights/v000001")
+    merged = load_model(model.name_or_path)
+    merged.load_state_dict(adapters.merge(merged.state_dict(), adapter))
+    prompt = _prompt(tokenizer, "Name a colour.")
+    gen = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=1.0))
+    reference = _reference_logprobs(merged, prompt, gen.output_ids, 1.0)
+    assert torch.allclose(torch.tensor(gen.logprobs), reference, atol=1e-4)
+    plain = _reference_logprobs(model, prompt, gen.output_ids, 1.0)
+    assert not torch.allclose(torch.tensor(gen.logprobs), plain, atol=1e-2)
 
 
 async def test_a_collocated_server_frees_its_memory_while_paused_and_takes_it_back_to_load(
