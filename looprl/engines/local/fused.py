@@ -110,17 +110,17 @@ class FusedDecoder:
     @torch.no_grad()
     def load(self, model: PreTrainedModel, adapter: LoraAdapter | None = None) -> None:
         """(Re)build the fused weights from `model`'s current parameters, with `adapter`
-        (if any) merged into them: each fused weight W becomes W + B A (computed in
-        float32), `model` itself is left as it is. An adapter that does not fit raises
-        before anything changes."""
+        (if any) merged into them: each fused weight W becomes W + B A (one addmm, which
+        accumulates in float32 and rounds once), `model` itself is left as it is. An
+        adapter that does not fit raises before anything changes."""
         deltas = self._adapter_deltas(adapter)
         inner = model.model
         pack = _pack if self.packed else lambda w: w
 
         def fused(i: int, group: str, weight: torch.Tensor) -> torch.Tensor:
-            delta = deltas[i].get(group)
-            if delta is not None:
-                weight = (weight.float() + delta).to(weight.dtype)
+            factors = deltas[i].get(group)
+            if factors is not None:
+                weight = torch.addmm(weight, *factors)
             return pack(weight)
 
         self.embed = inner.embed_tokens.weight
@@ -149,11 +149,17 @@ class FusedDecoder:
                 )
             )
 
-    def _adapter_deltas(self, adapter: LoraAdapter | None) -> list[dict[str, torch.Tensor]]:
-        """Per layer, `adapter`'s float32 delta (out, in) of each fused weight it adapts:
-        scaling x B A of each projection, q|k|v and gate|up stacked as their weights are.
+    def _adapter_deltas(
+        self, adapter: LoraAdapter | None
+    ) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Per layer, the low-rank factors (B (out, R), A (R, in)) of `adapter`'s delta of
+        each fused weight it adapts, in the engine's dtype: A stacks the projections'
+        lora_A, B places scaling x each lora_B in its projection's rows (q|k|v and
+        gate|up stacked as their weights are), so B A is the fused weight's delta.
         Raises naming the modules the fused forward has no weight for."""
-        deltas: list[dict[str, torch.Tensor]] = [{} for _ in range(self.num_layers)]
+        deltas: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [
+            {} for _ in range(self.num_layers)
+        ]
         if adapter is None:
             return deltas
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -172,26 +178,23 @@ class FusedDecoder:
         for i, layer_deltas in enumerate(deltas):
             for group, parts in groups.items():
                 names = [f"model.layers.{i}.{part}" for part, _ in parts]
-                if not any(f"{n}.lora_A.weight" in adapter.tensors for n in names):
+                present = [n for n in names if f"{n}.lora_A.weight" in adapter.tensors]
+                if not present:
                     continue
-                blocks = []
-                for name in names:
-                    a = adapter.tensors.get(f"{name}.lora_A.weight")
-                    if a is None:
-                        blocks.append(None)
-                        continue
-                    b = adapter.tensors[f"{name}.lora_B.weight"]
-                    blocks.append(
-                        b.to(self.device, torch.float32) @ a.to(self.device, torch.float32)
-                    )
-                    applied.add(name)
-                width = next(x.shape[1] for x in blocks if x is not None)
-                layer_deltas[group] = adapter.scaling * torch.cat(
-                    [
-                        torch.zeros(size, width, device=self.device) if x is None else x
-                        for x, (_, size) in zip(blocks, parts, strict=True)
-                    ]
+                a = torch.cat([adapter.tensors[f"{n}.lora_A.weight"] for n in present])
+                b = torch.zeros(sum(size for _, size in parts), a.shape[0])
+                row = column = 0
+                for name, (_, size) in zip(names, parts, strict=True):
+                    if name in present:
+                        block = adapter.tensors[f"{name}.lora_B.weight"]
+                        b[row : row + size, column : column + adapter.rank] = block
+                        column += adapter.rank
+                    row += size
+                layer_deltas[group] = (
+                    (adapter.scaling * b).to(self.device, self.dtype),
+                    a.to(self.device, self.dtype),
                 )
+                applied.update(present)
         left = sorted(set(adapter.modules()) - applied)
         if left:
             raise ValueError(
