@@ -44,6 +44,7 @@ from looprl.config import EngineConfig, LoraConfig, TrainConfig, load_config  # 
 from looprl.engines.local.engine import LocalEngine  # noqa: E402
 from looprl.models import load_model, load_tokenizer  # noqa: E402
 from looprl.precision import cpu  # noqa: E402
+from looprl.scheduling.single_process import LocalTrainer  # noqa: E402
 from looprl.training.trainer import Trainer  # noqa: E402
 from looprl.types import SamplingParams  # noqa: E402
 
@@ -89,6 +90,19 @@ async def decode_tokens_per_s(engine: LocalEngine, prompts: list[list[int]]) -> 
     return sum(len(g.output_ids) for g in gens) / (time.perf_counter() - start)
 
 
+async def sync_times(trainer: Trainer, engine, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` weight syncs, as the training loop pushes them (the
+    adapter with model.lora, else the full weights)."""
+    handle = LocalTrainer(trainer, engine)
+    times = []
+    for version in range(1, repeats + 1):
+        trainer.version = version
+        start = time.perf_counter()
+        await handle.push_weights()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 async def one(rank: int) -> dict:
     """Measure one configuration (rank 0: full fine-tuning) in this process."""
     tokenizer = load_tokenizer("default")
@@ -103,15 +117,7 @@ async def one(rank: int) -> dict:
             trainer.train_step(batch)
             times.append(time.perf_counter() - start)
     engine = LocalEngine.for_model(load_model("default"), tokenizer, EngineConfig())
-    syncs = []
-    for version in range(1, 6):
-        start = time.perf_counter()
-        adapter = trainer.adapter_for_engine()
-        if adapter is None:
-            await engine.update_weights(trainer.state_dict_for_engine(), version)
-        else:
-            await engine.update_adapter(adapter, version)
-        syncs.append(time.perf_counter() - start)
+    syncs = await sync_times(trainer, engine, 5)
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": f"What is {i} + {i * 3 % 10}?"}],
@@ -156,16 +162,7 @@ async def vllm_sync(ranks: list[int]) -> dict[int, float]:
         try:
             for rank in [0, *ranks]:
                 trainer = Trainer(load_model("default"), TrainConfig(), lora=LoraConfig(rank=rank))
-                times = []
-                for version in range(1, 4):
-                    start = time.perf_counter()
-                    adapter = trainer.adapter_for_engine()
-                    if adapter is None:
-                        await engine.update_weights(trainer.state_dict_for_engine(), version)
-                    else:
-                        await engine.update_adapter(adapter, version)
-                    times.append(time.perf_counter() - start)
-                out[rank] = statistics.median(times)
+                out[rank] = statistics.median(await sync_times(trainer, engine, 3))
         finally:
             await engine.stop()
     return out

@@ -71,21 +71,36 @@ def write_folder(adapter: LoraAdapter, out: Path, base_model: str | Path) -> Pat
 def read_folder(path: str | Path) -> tuple[LoraAdapter, str]:
     """The adapter in peft folder `path`, and the base model path its config names."""
     path = Path(path)
+    config = _read_config(path)
+    tensors = {name.removeprefix(_PREFIX): t for name, t in load_file(path / WEIGHTS_FILE).items()}
+    adapter = LoraAdapter(
+        tensors,
+        rank=int(config["r"]),
+        alpha=float(config["lora_alpha"]),
+        target_modules=tuple(config["target_modules"]),
+    )
+    return adapter, base_of(path)
+
+
+def base_of(path: str | Path) -> str:
+    """The base model path the adapter folder's config names ('' when it names none);
+    reads the config only."""
+    return _read_config(Path(path)).get("base_model_name_or_path") or ""
+
+
+def _read_config(path: Path) -> dict:
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
-        rank, alpha = int(config["r"]), float(config["lora_alpha"])
-        targets = config["target_modules"]
+        int(config["r"]), float(config["lora_alpha"]), config["target_modules"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path / CONFIG_FILE} is not a LoRA adapter config: {e}") from e
-    if isinstance(targets, str):  # peft also allows a regular expression or 'all-linear'
+    if isinstance(config["target_modules"], str):  # peft also allows a regex or 'all-linear'
         raise ValueError(
-            f"{path / CONFIG_FILE}: target_modules={targets!r}; looprl reads adapters whose "
-            "target_modules is a list of module names"
+            f"{path / CONFIG_FILE}: target_modules={config['target_modules']!r}; looprl reads "
+            "adapters whose target_modules is a list of module names"
         )
     if config.get("use_dora") or config.get("use_rslora") or config.get("modules_to_save"):
         raise ValueError(
             f"{path / CONFIG_FILE}: DoRA, rsLoRA and modules_to_save are not supported"
         )
-    tensors = {name.removeprefix(_PREFIX): t for name, t in load_file(path / WEIGHTS_FILE).items()}
-    adapter = LoraAdapter(tensors, rank=rank, alpha=alpha, target_modules=tuple(targets))
-    return adapter, config.get("base_model_name_or_path") or ""
+    return config

@@ -144,9 +144,11 @@ def base_model_path(path: str | Path) -> Path:
     """The model folder of `path`: itself, or for a LoRA adapter folder the base model its
     adapter_config.json names."""
     folder = resolve_model_path(str(path))
-    if not adapters.is_adapter_folder(folder):
-        return folder
-    _, base = adapters.read_folder(folder)
+    return _base_of_adapter(folder) if adapters.is_adapter_folder(folder) else folder
+
+
+def _base_of_adapter(folder: Path) -> Path:
+    base = adapters.base_of(folder)
     if not base:
         raise FileNotFoundError(
             f"{folder / adapters.CONFIG_FILE} names no base_model_name_or_path; "
@@ -160,10 +162,13 @@ def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     folder loads as its base model with the adapter merged in."""
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
-    folder = base_model_path(path)
+    folder = resolve_model_path(str(path))
+    adapter = None
+    if adapters.is_adapter_folder(folder):
+        adapter, _ = adapters.read_folder(folder)
+        folder = _base_of_adapter(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
-    if adapters.is_adapter_folder(resolve_model_path(str(path))):
-        adapter, _ = adapters.read_folder(resolve_model_path(str(path)))
+    if adapter is not None:
         model.load_state_dict(adapters.merge(model.state_dict(), adapter))
     model.eval()
     return model

@@ -122,10 +122,6 @@ class LoraAdapter:
             {k.removesuffix(".lora_A.weight") for k in self.tensors if k.endswith(".lora_A.weight")}
         )
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
 
 @dataclass(frozen=True)
 class SessionHandle:

@@ -3,12 +3,12 @@
 Owns wrapping the policy (`add_adapters`): peft's `get_peft_model` injects adapters
 into the model, every base weight is frozen and held once, in the dtype the trainer
 computes in (bfloat16 under bf16 autocast: frozen weights need no float32 master copy),
-while the adapters stay float32 and are the only parameters the optimizer sees. Also
-the adapter as engines and checkpoints take it (`adapter_of`, `adapter_state`,
-`load_adapter_state`) and the two folders a run ends with (`save_adapter`,
-`save_merged`). The KL reference is the same model with its adapters turned off
-(`reference_forward`), so no second copy is loaded. Does not own applying adapters
-while sampling (the engines) nor the folder format (adapters.py).
+while the adapters stay float32 (peft's `autocast_adapter_dtype`) and are the only
+parameters the optimizer sees. Also the adapter as engines and checkpoints take it
+(`adapter_of`, `adapter_state`, `load_adapter_state`) and the folders a run ends with
+(`save_outputs`, `save_merged`). The KL reference is the same model with its adapters
+turned off (`reference_forward`), so no second copy is loaded. Does not own applying
+adapters while sampling (the engines) nor the folder format (adapters.py).
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ def add_adapters(model: nn.Module, cfg: LoraConfig, frozen_dtype: torch.dtype) -
         )
     except ValueError as e:  # peft's message names the modules it found, or not
         raise ValueError(f"model.lora.target_modules={cfg.target_modules!r}: {e}") from e
-    for p in peft_model.parameters():
-        if p.requires_grad:
-            p.data = p.data.float()
     return peft_model
 
 
@@ -105,12 +102,6 @@ def base_path(model: PeftModel) -> str:
 def reference_forward(model: PeftModel) -> AbstractContextManager:
     """Inside it, `model` computes as its frozen base: the KL reference policy."""
     return model.disable_adapter()
-
-
-def save_adapter(model: PeftModel, tokenizer, out: Path) -> Path:
-    """The adapter as a peft folder (loadable by `PeftModel.from_pretrained` and vLLM)
-    with the tokenizer beside it."""
-    return save_outputs(adapter_of(model), base_path(model), tokenizer, out, merged=False)
 
 
 def save_outputs(

@@ -335,8 +335,8 @@ class Trainer:
             torch.tensor(local, dtype=torch.float64)
         ).tolist()
         sampled_tokens = max(batch.num_sampled_tokens, 1)
-        out = {key: value / sampled_tokens for key, value in zip(keys, sums, strict=False)}
-        fresh_sums = sums[len(keys) :]
+        stat_sums, fresh_sums = sums[: len(keys)], sums[len(keys) :]
+        out = {key: value / sampled_tokens for key, value in zip(keys, stat_sums, strict=True)}
         out.update(
             {key: v / max(fresh_tokens, 1) for key, v in zip(fresh_keys, fresh_sums, strict=True)}
         )

@@ -220,7 +220,9 @@ async def test_a_bad_adapter_is_refused_whole_and_the_engine_keeps_the_last_one(
 
 def test_adapter_folder_loads_in_peft_and_as_a_merged_model(tiny_model_dir, tokenizer, tmp_path):
     trainer = lora_trainer(tiny_model_dir)
-    out = lora.save_adapter(trainer.model, tokenizer, tmp_path / "model")
+    out = lora.save_outputs(
+        trainer.adapter_for_engine(), lora.base_path(trainer.model), tokenizer, tmp_path / "model"
+    )
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("adapter_")) == [
         "adapter_config.json",
         "adapter_model.safetensors",

@@ -124,8 +124,9 @@ class ReloadableServer:
             )
         # With an adapter loaded, the base it adapts (the newest full version) starts,
         # and the adapter is loaded again.
-        served = self.weights.versions()[-1:] if self.adapter else [self._version]
-        model_dir = self.weights.path(served[0]) if served else self.weights.root
+        versions = self.weights.versions()
+        base = versions[-1] if self.adapter is not None and versions else self._version
+        model_dir = self.weights.path(base)
         if not model_dir.is_dir():
             raise EngineError(
                 f"cannot restart the {self.client.name}: the weights of version "
