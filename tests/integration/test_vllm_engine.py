@@ -302,6 +302,8 @@ async def test_a_restarted_server_comes_back_with_its_adapter(fp32):
     os.kill(engine.server.process.pid, signal.SIGKILL)
     await engine.restart()
     assert engine.version == 5 and engine.server.adapter == "lora-v000005"
+    models = (await engine.server.client.get("/v1/models"))["data"]
+    assert "lora-v000005" in {m["id"] for m in models}  # the new process loaded it
     after = await engine.generate(prompt, sampling)
     assert after.output_ids == before.output_ids and after.versions[0] == 5
 
