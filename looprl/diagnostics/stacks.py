@@ -26,11 +26,29 @@ def stack_file(pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"looprl-stacks-{pid}.txt"
 
 
+END_MARKER = "# looprl: end of stacks\n"
+_installed: Path | None = None
+
+
 def install_stack_dump() -> Path:
-    """SIGUSR1 -> every thread's Python stack appended to `stack_file(os.getpid())`."""
+    """SIGUSR1 -> every thread's Python stack appended to `stack_file(os.getpid())`,
+    then `END_MARKER` once the main thread runs Python again (so a reader knows the dump
+    is whole). Installed once per process: a second `signal.signal` would replace
+    faulthandler's handler with ours."""
+    global _installed
+    if _installed is not None:
+        return _installed
     path = stack_file(os.getpid())
     handle = path.open("a")  # kept open for the life of the process, as faulthandler needs
-    faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True, chain=False)
+
+    def mark_end(signum, frame) -> None:
+        os.write(handle.fileno(), END_MARKER.encode())
+
+    signal.signal(signal.SIGUSR1, mark_end)
+    # faulthandler dumps at once from the C handler, then chains to ours (run later, on
+    # the main thread, between bytecodes): the marker always follows the whole dump
+    faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True, chain=True)
+    _installed = path
     return path
 
 
@@ -70,13 +88,24 @@ def signal_stacks(pid: int, timeout_s: float = 5.0) -> str:
     before = path.stat().st_size if path.exists() else 0
     os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + timeout_s
+    size, steady_since = before, time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        if path.exists() and path.stat().st_size > before:
-            time.sleep(0.2)  # let the dump finish
+        now_size = path.stat().st_size if path.exists() else 0
+        if now_size > before:
             with path.open() as f:
                 f.seek(before)
-                return f.read()
+                text = f.read()
+            if END_MARKER in text:
+                return text[: text.index(END_MARKER)]
+            # no marker yet: the main thread may be stuck outside Python, so a dump
+            # whose size has held for 2 s is taken as whole
+            if now_size != size:
+                size, steady_since = now_size, time.monotonic()
+            elif time.monotonic() - steady_since >= 2.0:
+                return text
+    if size > before:
+        return text  # a dump still growing at the deadline: what there is
     raise TimeoutError(
         f"process {pid} wrote no stacks to {path} within {timeout_s} s: it is not a looprl "
         "process, or it is stuck outside Python (install py-spy to see native frames)"
