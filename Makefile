@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint format clean-venv
+.PHONY: demo test fuzz lint format clean-venv chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,19 @@ format: $(STAMP)
 # The engine and training tests run twice: on a CPU capped at AVX2 (no hardware bf16,
 # as on most laptops; LOOPRL_FORCE_CPU=avx2, x86 only), then with the whole suite on
 # this CPU as it is. pytest's summary of the whole suite is the last line.
-test: lint
+# The viewer's browser tests (tests/integration/test_viewer.py) drive Chromium: Debian's
+# is installed on first use where apt-get can (as root or with sudo -n); elsewhere they skip.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		echo "== installing Debian's chromium for the viewer's browser tests =="; \
+		$$sudo apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { $$sudo apt-get update -q >/dev/null 2>&1 \
+				&& $$sudo apt-get install -y -q chromium >/dev/null 2>&1; } \
+			|| echo "could not install chromium: the viewer's browser tests will skip"; \
+	fi
+
+test: lint chromium
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		echo "== engine and training tests on a CPU forced to AVX2 (LOOPRL_FORCE_CPU=avx2) =="; \
 		LOOPRL_FORCE_CPU=avx2 $(BIN)/pytest -q -p no:cacheprovider -m kernels tests; \

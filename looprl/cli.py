@@ -99,12 +99,45 @@ def train(
     stacks.write_pid(cfg.run_dir)
     try:
         summary = asyncio.run(run_training(cfg))
-    except (RecoverError, PrecisionError) as e:
+    except (RecoverError, PrecisionError, ConfigError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
     except Stopped as e:
         console.print(str(e))
         raise typer.Exit(128 + e.signum) from None
+    print(summary.line())
+
+
+@app.command()
+def sft(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
+) -> None:
+    """Supervised fine-tuning on a JSONL file of chats (`looprl sft chats.jsonl`, or
+    sft.data_path=...): a warm start for RL, saved where `looprl train` saves."""
+    args = [a for a in (config, *(overrides or [])) if a is not None]
+    # A .jsonl argument is the data, not the YAML config.
+    args = [f"sft.data_path={a}" if a.endswith(".jsonl") and "=" not in a else a for a in args]
+    cfg = _config(args[0] if args else None, args[1:])
+    if dry_run:
+        print(cfg.to_yaml())
+        return
+    from looprl.commands.sft import check, run_sft
+
+    try:
+        check(cfg)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
+    stacks.install_stack_dump()
+    stacks.write_pid(cfg.run_dir)
+    try:
+        summary = run_sft(cfg)
+    except ValueError as e:  # the data: a missing file, no trainable chat
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
     print(summary.line())
 
 
@@ -218,6 +251,51 @@ def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
     if failed:
         console.print(f"[red]{len(failed)} check(s) failed:[/red] {', '.join(failed)}")
         raise typer.Exit(1)
+
+
+@app.command()
+def show(
+    run_dir: Annotated[Path, typer.Argument(help="Run dir (fileroot/experiment/trial).")],
+    step: Annotated[int | None, typer.Option(help="Training step (default: latest).")] = None,
+    index: Annotated[int, typer.Option(help="Row of the step (of --group if given).")] = 0,
+    group: Annotated[str | None, typer.Option(help="Only the rows of this group id.")] = None,
+) -> None:
+    """Print a trained rollout: its calls, then its tokens coloured by the loss mask."""
+    from rich.markup import escape
+
+    from looprl.commands.show import show_rollout
+    from looprl.trajectory_files import TrajectoryFileError
+
+    try:
+        show_rollout(run_dir, step=step, index=index, group=group, console=Console())
+    except TrajectoryFileError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def view(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run dir(s) (fileroot/experiment/trial); 2 to compare.")
+    ],
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to bind. The page is read-only and asks no key: on loopback only "
+            "this machine reaches it; elsewhere anyone who reaches the port reads the runs."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+) -> None:
+    """Open a run in the browser: plots, config, each step's rollouts token by token."""
+    from looprl.commands.view import view_runs
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        view_runs(run_dirs, host=host, port=port)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 @debug_app.command("stacks")

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+ENV_WORKFLOW = "looprl.envs:EnvWorkflow"  # what plays env.name, unless workflow.path says
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field and what to change."""
@@ -252,15 +254,39 @@ class GatewayConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["arithmetic", "jsonl", "parquet", "hf"] = Field(
-        "arithmetic", description="Built-in task, or a dataset read from files."
+    name: Literal["arithmetic", "jsonl", "parquet", "hf", "reasoning_gym", "env"] = Field(
+        "arithmetic",
+        description="Built-in task, a dataset read from files, 'reasoning_gym': one of "
+        "reasoning-gym's procedural datasets (task.dataset), scored by its own verifier, or "
+        "'env': episodes of env.name, one row per seed (train seeds task.seed x 2,000,000 + "
+        "i, held-out ones 1,000,000 above them: unseen seeds; sizes task.train_size and "
+        "task.eval_size); the default when env.name is set.",
+    )
+    dataset: str | None = Field(
+        None,
+        description="reasoning_gym: the dataset's name, e.g. basic_arithmetic or leg_counting.",
+    )
+    dataset_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="reasoning_gym: keyword arguments for the dataset's config, e.g. "
+        "{min_animals: 1, max_animals: 3} for leg_counting.",
+    )
+    answer_format: Literal["tags", "last_line", "last_number"] = Field(
+        "last_number",
+        description="reasoning_gym: where the answer is in the completion: 'tags' the text "
+        "in the last <answer>...</answer> (what reasoning-gym's prompts ask for), "
+        "'last_line' the last non-empty line, 'last_number' the last number written.",
     )
     digits: int = Field(1, ge=1, le=6, description="arithmetic: digits per operand.")
     operators: list[Literal["+", "-", "*"]] = Field(
         ["+", "*"], description="arithmetic: operators to draw from."
     )
-    train_size: int = Field(5000, ge=1, description="arithmetic: problems in the train split.")
-    eval_size: int = Field(200, ge=1, description="arithmetic: problems in the held-out split.")
+    train_size: int = Field(
+        5000, ge=1, description="arithmetic, reasoning_gym: problems in the train split."
+    )
+    eval_size: int = Field(
+        200, ge=1, description="arithmetic, reasoning_gym: problems in the held-out split."
+    )
     train_path: str | None = Field(
         None,
         description="jsonl/parquet: training file; "
@@ -273,14 +299,213 @@ class TaskConfig(Section):
         "looprl.tasks.math_answer:math_reward",
         description="Reward function "
         "'module:name' for file datasets, called reward_fn(prompt, completion, "
-        "**row).",
+        "**row) (with reward.type=function, the default).",
     )
     system_prompt: str | None = Field(
         None,
         description="System message prepended to each "
         "prompt; None keeps the chat template's default.",
     )
-    seed: int = Field(0, description="Seed for generated problems and shuffling.")
+    seed: int = Field(
+        0,
+        description="Seed for generated problems and shuffling (reasoning_gym: the train "
+        "split's; the held-out split is drawn with seed + 1).",
+    )
+
+    @model_validator(mode="after")
+    def _dataset_goes_with_reasoning_gym(self) -> TaskConfig:
+        if self.name == "reasoning_gym" and not self.dataset:
+            raise ValueError(
+                "task.name=reasoning_gym needs task.dataset, e.g. task.dataset=leg_counting"
+            )
+        if self.name != "reasoning_gym" and (self.dataset or self.dataset_kwargs):
+            raise ValueError(
+                f"task.dataset={self.dataset!r} / task.dataset_kwargs are read by "
+                f"task.name=reasoning_gym only, not {self.name}; remove them"
+            )
+        return self
+
+
+class CodeRewardConfig(Section):
+    """reward.type=code: the model's program runs with the row's tests in a sandbox
+    (looprl/rewards/sandbox.py); the reward is the fraction of tests that pass."""
+
+    tests_field: str = Field(
+        "tests",
+        description="Row field holding the tests: a list of snippets (e.g. assert "
+        "statements), each run with the program in its own sandbox, or one test script.",
+    )
+    timeout_s: float = Field(
+        10.0, gt=0, description="Wall-clock limit of one test run; beyond it, killed."
+    )
+    cpu_time_s: int = Field(5, ge=1, description="CPU-time limit of one test run (RLIMIT_CPU).")
+    memory_mb: int = Field(
+        1024, ge=64, description="Address-space limit of each process, in MiB (RLIMIT_AS)."
+    )
+    max_processes: int = Field(
+        32,
+        ge=1,
+        description="Most processes the program may run at once (RLIMIT_NPROC inside its own "
+        "user namespace); a fork bomb stops there.",
+    )
+    max_output_bytes: int = Field(
+        1_000_000,
+        ge=1024,
+        description="Largest file the program may write, its output included (RLIMIT_FSIZE).",
+    )
+    max_concurrent: int = Field(2, ge=1, description="Sandboxes running at once, in all.")
+    isolation: Literal["auto", "namespaces", "rlimits"] = Field(
+        "auto",
+        description="'namespaces': new user, network, PID and mount namespaces (no network, "
+        "a read-only file system but the work dir, a process limit that holds for root); "
+        "refuses to start where `unshare` cannot make them. 'rlimits': resource limits, a "
+        "temporary work dir and a scrubbed environment only. 'auto': namespaces where the "
+        "machine allows them, else rlimits with a warning.",
+    )
+
+
+class JudgeConfig(Section):
+    """reward.type=judge: an LLM scores each answer through an OpenAI-compatible API."""
+
+    model: str = Field(
+        "default",
+        description="Without base_url: the judge's model folder (or 'default'), served by a "
+        "second local engine the run starts. With base_url: the model name the API serves.",
+    )
+    base_url: str | None = Field(
+        None,
+        description="An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1); None "
+        "serves reward.judge.model locally.",
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="Environment variable holding the API key for base_url (the key itself "
+        "never goes into the config, which is saved in the run dir).",
+    )
+    mode: Literal["absolute", "group"] = Field(
+        "absolute",
+        description="'absolute': one call per rollout, a score 0-10 -> [0, 1]. 'group': one "
+        "call per group scoring all its rollouts of a prompt together, one score per "
+        "candidate (group-relative advantages only need their order).",
+    )
+    prompt: str = Field(
+        "Rate the answer to the question from 0 (wrong or useless) to 10 (fully correct)."
+        "\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\nAnswer to "
+        "rate:\n{answer}\n\nReply with the score only, as 'Score: N'.",
+        description="absolute: the rubric, with {question}, {answer} and {reference}.",
+    )
+    group_prompt: str = Field(
+        "Rate each candidate answer to the question from 0 (wrong or useless) to 10 (fully "
+        "correct).\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\n"
+        "{candidates}\n\nReply with one line per candidate, as 'Candidate N: score'.",
+        description="group: the rubric, with {question}, {reference} and {candidates} "
+        "(numbered 'Candidate 1: ...' blocks).",
+    )
+    max_tokens: int = Field(64, ge=1, description="Most tokens of one judgment.")
+    timeout_s: float = Field(60.0, gt=0, description="Limit of one judge call, in seconds.")
+    retries: int = Field(
+        2, ge=0, description="Calls retried after a failure or an unreadable reply."
+    )
+    backoff_s: float = Field(
+        1.0, ge=0, description="Wait before retry k: backoff_s x 2 ** (k - 1) seconds."
+    )
+    fallback_reward: float | None = Field(
+        0.0,
+        description="Reward of a rollout whose judgment failed after every retry (counted as "
+        "reward_judge_failures); None rejects the rollout instead.",
+    )
+    cache_size: int = Field(
+        10_000, ge=0, description="Judgments kept by (prompt, completion) hash; 0: none."
+    )
+
+    @model_validator(mode="after")
+    def _templates_fill(self) -> JudgeConfig:
+        for name, fields in (
+            ("prompt", ("question", "answer", "reference")),
+            ("group_prompt", ("question", "reference", "candidates")),
+        ):
+            try:
+                getattr(self, name).format(**dict.fromkeys(fields, ""))
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(
+                    f"reward.judge.{name} cannot be filled in ({type(e).__name__}: {e}): it "
+                    f"may use {', '.join('{' + f + '}' for f in fields)}; write a literal "
+                    "brace as {{ or }}"
+                ) from None
+        return self
+
+
+class RewardConfig(Section):
+    type: Literal["function", "code", "judge"] = Field(
+        "function",
+        description="'function': the task's reward (task.reward for file datasets). 'code': "
+        "run the model's program with the row's tests in a sandbox (reward.code). 'judge': "
+        "an LLM judges the answer (reward.judge).",
+    )
+    code: CodeRewardConfig = Field(
+        default_factory=CodeRewardConfig, description="reward.type=code: the sandbox and tests."
+    )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="reward.type=judge: the judge and its rubric."
+    )
+
+
+class EnvConfig(Section):
+    """An environment played by looprl.envs:EnvWorkflow (looprl/envs/): each turn its
+    observation is the user's message and the model's reply its action."""
+
+    name: str | None = Field(
+        None,
+        description="'gymnasium:ID' (e.g. gymnasium:FrozenLake-v1), 'textarena:ID' (e.g. "
+        "textarena:GuessTheNumber-v0) or 'package.module:factory' for your own env (an "
+        "object with reset(seed, options) -> text and step(text) -> (text, reward, done, "
+        "info)). Setting it makes task.name=env and workflow.path=looprl.envs:EnvWorkflow "
+        "the defaults.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the env (gymnasium: for gymnasium.make, plus "
+        "FrozenLake's random_map_size: a new N x N map per seed).",
+    )
+    max_turns: int = Field(
+        16, ge=1, description="Most model replies per episode; the episode ends after them."
+    )
+    system_prompt: str | None = Field(
+        None, description="System message of every turn; None keeps the chat template's."
+    )
+    history_turns: int = Field(
+        0,
+        ge=0,
+        description="Earlier turns (observation and reply) kept in the prompt before the "
+        "current observation; 0: the current observation only.",
+    )
+    discount: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Each reply is credited its return-to-go: its step's reward plus "
+        "discount x the next reply's return-to-go.",
+    )
+    invalid_action_reward: float = Field(
+        0.0,
+        description="Reward of a reply the env rejects (InvalidAction); its message, then "
+        "the unchanged observation, is the next turn's prompt.",
+    )
+    end_on_invalid_action: bool = Field(
+        False, description="End the episode at the first reply the env rejects."
+    )
+    workers: int = Field(
+        2,
+        ge=1,
+        description="Worker processes the envs run in (each holds many episodes and serves "
+        "one call at a time).",
+    )
+    step_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A reset or step running longer ends its episode (EnvTimedOut); its "
+        "worker is killed and replaced.",
+    )
 
 
 class WorkflowConfig(Section):
@@ -423,8 +648,16 @@ OBJECTIVE_CLIP = {"ppo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "cispo": (1.0, 4.0)}
 
 
 class TrainConfig(Section):
-    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
-        "grpo", description="Advantage estimator."
+    algorithm: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "distill"] = Field(
+        "grpo",
+        description="Advantage estimator; 'distill' is on-policy distillation instead: each "
+        "sampled token's advantage is log pi_teacher - log pi_student (the per-token "
+        "reverse KL to train.teacher_path's model, on the student's own samples).",
+    )
+    teacher_path: str | None = Field(
+        None,
+        description="The teacher of train.algorithm=distill: a Hugging Face folder, GGUF or "
+        "looprl output with the policy's tokenizer, loaded frozen beside the trainer.",
     )
     objective: Literal["ppo", "gspo", "cispo"] = Field(
         "ppo",
@@ -496,6 +729,11 @@ class TrainConfig(Section):
         "autocast measured faster than float32 on this machine, else float32; the decision "
         "is logged at start.",
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass "
+        "instead of keeping them: less trainer memory for ~1.3x the step time.",
+    )
     total_steps: int = Field(12, ge=0, description="Training steps to run.")
 
     def clip_range(self) -> tuple[float, float]:
@@ -504,6 +742,20 @@ class TrainConfig(Section):
         if self.eps_clip is not None:
             low = high = self.eps_clip
         return low, high if self.eps_clip_high is None else self.eps_clip_high
+
+    @model_validator(mode="after")
+    def _teacher_for_distill(self) -> TrainConfig:
+        if self.algorithm == "distill" and not self.teacher_path:
+            raise ValueError(
+                "algorithm=distill needs train.teacher_path: the model whose per-token "
+                "logprobs the student learns to match"
+            )
+        if self.teacher_path and self.algorithm != "distill":
+            raise ValueError(
+                f"teacher_path={self.teacher_path!r} is used by algorithm=distill only, "
+                f"not {self.algorithm}; remove it or set train.algorithm=distill"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mismatch_thresholds_apply(self) -> TrainConfig:
@@ -524,6 +776,43 @@ class EvalConfig(Section):
     every_steps: int = Field(4, ge=0, description="Evaluate every N steps (0: start/end only).")
     max_new_tokens: int = Field(48, ge=1, description="Tokens per greedy eval answer.")
     size: int | None = Field(None, ge=1, description="Held-out rows to use; None uses all.")
+
+
+class MetricsConfig(Section):
+    backends: list[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where metrics go: metrics.jsonl always, plus each experiment tracker "
+        "named here (tensorboard, wandb, mlflow, trackio; each its own extra, e.g. "
+        "pip install 'looprl[tensorboard]').",
+    )
+    project: str = Field(
+        "looprl", description="Project (W&B, Trackio) or experiment (MLflow) name in trackers."
+    )
+    samples_per_step: int = Field(
+        4, ge=0, description="Rollouts per step sent to trackers as a table/text (0: none)."
+    )
+    trajectories_every: int = Field(
+        1, ge=0, description="Write the rollouts trained on every N steps as Parquet (0: off)."
+    )
+    trajectories_max_mb: float = Field(
+        512.0, gt=0, description="Disk cap for trajectory files; the oldest are pruned."
+    )
+
+
+class SftConfig(Section):
+    data_path: str | None = Field(
+        None,
+        description='`looprl sft`\'s training chats: a JSONL file, one {"messages": [...]} '
+        "(OpenAI chat format) per line; the loss is on the assistant messages' tokens.",
+    )
+    eval_path: str | None = Field(
+        None, description="Held-out chats in the same format, scored by their loss."
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the training chats.")
+    batch_size: int = Field(8, ge=1, description="Chats per optimizer step.")
+    max_tokens: int = Field(
+        2048, ge=8, description="Longest chat in tokens; longer ones are skipped and counted."
+    )
 
 
 class RunConfig(Section):
@@ -663,15 +952,59 @@ class Config(Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig,
+        description="How the built-in workflow's answers are scored: the task's function, "
+        "a sandboxed code run, or an LLM judge.",
+    )
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     recover: RecoverConfig = Field(default_factory=RecoverConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_name_picks_task_and_workflow(cls, data: Any) -> Any:
+        """With env.name set, task.name and workflow.path default to the env's."""
+        env = data.get("env") if isinstance(data, dict) else None
+        if not (isinstance(env, dict) and env.get("name")):
+            return data
+        task, workflow = data.get("task", {}), data.get("workflow", {})
+        data = dict(data)
+        if isinstance(task, dict) and "name" not in task:
+            data["task"] = {**task, "name": "env"}
+        if isinstance(workflow, dict) and not {"path", "mode"} & set(workflow):
+            data["workflow"] = {**workflow, "path": ENV_WORKFLOW}
+        return data
+
+    @model_validator(mode="after")
+    def _env_plays_seeds(self) -> Config:
+        if self.task.name == "env" and not self.env.name:
+            raise ValueError(
+                "task.name=env plays episodes of env.name, which is not set; e.g. "
+                "env.name=gymnasium:FrozenLake-v1"
+            )
+        if self.env.name and self.task.name != "env":
+            raise ValueError(
+                f"env.name={self.env.name!r} is played on seeds (task.name=env), not on "
+                f"task.name={self.task.name} rows; remove task.name or env.name"
+            )
+        rlvr = WorkflowConfig.model_fields["path"].default
+        plays_rows = self.workflow.mode == "python" and self.workflow.path == rlvr
+        if self.task.name == "env" and plays_rows:
+            raise ValueError(
+                f"task.name=env rows are seeds, which workflow.path={rlvr} cannot play; use "
+                f"workflow.path={ENV_WORKFLOW} (the default with env.name) or your own"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bfloat16_weights_compute_in_bfloat16(self) -> Config:
@@ -679,6 +1012,19 @@ class Config(Section):
             raise ValueError(
                 "train.compute_dtype=float32 cannot compute in float32 with model.dtype="
                 "bfloat16 master weights; set model.dtype=float32 or train.compute_dtype=auto"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reward_scores_the_builtin_workflow(self) -> Config:
+        workflow = self.workflow
+        builtin = workflow.mode == "python" and workflow.path == "looprl.workflow:RLVRWorkflow"
+        if self.reward.type != "function" and not builtin:
+            raise ValueError(
+                f"reward.type={self.reward.type} scores the built-in workflow's answers, but "
+                f"workflow.{'path' if workflow.mode == 'python' else 'mode'} names your own "
+                "agent, which returns its own reward; remove one of them (an agent can use "
+                "looprl.rewards.code.CodeReward or looprl.rewards.judge.JudgeReward itself)"
             )
         return self
 

@@ -25,14 +25,18 @@ from looprl import checkpoint as checkpoint_io
 from looprl import precision
 from looprl.config import Config
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
+from looprl.envs.workflow import EnvWorkflow
 from looprl.metrics import Metrics
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
+from looprl.rewards import open_reward
 from looprl.rollout.controller import RolloutController
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, TrainerHandle, trainer_sampling
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
+from looprl.trackers import check_installed, start_trackers
 from looprl.training.batch import build_batch
+from looprl.trajectory_files import TrajectoryWriter
 from looprl.workflow import configured_workflow
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
     if cfg.scheduler.type == "single_process":  # Ray actors decide for their own devices
         precision.choose(cfg)  # a setting this machine cannot run fails here
+    check_installed(cfg)  # a tracker's missing package too
     run_dir = cfg.run_dir
     checkpoint = resume_point(cfg)  # before anything is written into the run dir
     cfg.save(run_dir)
@@ -78,7 +83,10 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     log.info("%s", describe_loss(cfg))
     rows = DataStream(task.train, cfg.run.seed)
     first_step = 1 if checkpoint is None else checkpoint.step + 1
-    async with start_parts(cfg, configured_workflow(cfg, task)) as parts:
+    async with (
+        open_reward(cfg, task) as reward,
+        start_parts(cfg, configured_workflow(cfg, task, reward)) as parts,
+    ):
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
         trainer = parts.trainer
         with (
@@ -87,6 +95,8 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 cfg.train.total_steps,
                 show_progress=show_progress,
                 resume=checkpoint is not None,
+                trackers=start_trackers(cfg, run_dir, first_step=first_step),
+                samples_per_step=cfg.metrics.samples_per_step,
             ) as metrics,
             GracefulStop() as stop,
             HangWatchdog(run_dir, "driver", cfg.diagnostics) as watchdog,
@@ -99,10 +109,14 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 await trainer.push_weights()
                 before = restore(checkpoint, controller, rows, metrics)
             saver = Saver(cfg, trainer, controller, rows, metrics, last_step=first_step - 1)
+            trajectories = TrajectoryWriter(run_dir, cfg.metrics, tokenizer, first_step)
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
                 rollout = await controller.prepare_batch(rows, first_position=rows.position)
+                # Before the update lets the next batch's rollouts start: this batch's
+                # reward counters, and those of an evaluation run since the last step.
+                reward_stats = reward.take_stats()
                 watchdog.beat()
                 batch, batch_stats = build_batch(
                     rollout.trajectories,
@@ -113,18 +127,23 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 )
                 metrics.status("training")
                 train_stats = await train_step(trainer, batch, engine)
+                # Before the next batch may start: a rollout admitted while the write awaits
+                # would take a seed that a resume from this step's checkpoint replays.
+                train_stats.update(await trajectories.write(step, rollout, batch, trainer))
                 controller.notify_version()
                 metrics.log(
                     "train",
                     step,
                     {
                         **rollout.stats(),
+                        **reward_stats,
                         **batch_stats,
                         **train_stats,
                         "response_length": batch_stats["num_sampled_tokens"] / len(batch.rewards),
                         "step_time_s": time.monotonic() - step_start,
                     },
                 )
+                metrics.log_samples(step, rollout.trajectories, batch.advantages, tokenizer.decode)
                 if stop.signal is not None or saver.due(step):
                     await saver.save(step)
                 if stop.signal is not None:
@@ -367,15 +386,20 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
 @asynccontextmanager
 async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
     """The parts of a training run under `scheduler.type`: everything in this process
-    (single_process), or engine replicas and trainer ranks as Ray actors (ray)."""
-    if cfg.scheduler.type == "ray":
-        from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked for
+    (single_process), or engine replicas and trainer ranks as Ray actors (ray). An
+    EnvWorkflow's env worker processes stop with them."""
+    try:
+        if cfg.scheduler.type == "ray":
+            from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked
 
-        async with start_ray_actors(cfg, workflow) as parts:
+            async with start_ray_actors(cfg, workflow) as parts:
+                yield parts
+            return
+        async with start_single_process(cfg, workflow, train=True) as parts:
             yield parts
-        return
-    async with start_single_process(cfg, workflow, train=True) as parts:
-        yield parts
+    finally:
+        if isinstance(workflow, EnvWorkflow):
+            workflow.close()
 
 
 async def evaluate(

@@ -132,9 +132,26 @@ class SessionHandle:
     api_key: str
 
 
+@dataclass(frozen=True)
+class EpisodeReward:
+    """What a multi-turn workflow may return: each chat completion's reward by its id
+    (e.g. its return-to-go) and the rollout's own reward (the episode return), which
+    stands for the rollout in its group's stats and filtering. `success` (None: unknown)
+    is what held-out accuracy counts instead of `total >= 1`."""
+
+    per_call: dict[str, float]
+    total: float
+    success: bool | None = None
+
+
 @dataclass
 class Interaction:
-    """One model call recorded on a gateway session (one choice of one request)."""
+    """One model call recorded on a gateway session (one choice of one request).
+
+    `messages` are the request's messages as the agent sent them (OpenAI format; None
+    for a plain completion), `tool_calls` the calls parsed out of the reply (OpenAI
+    format), `started_s` / `ended_s` unix times of the request's arrival and the reply.
+    """
 
     completion_id: str
     prompt_ids: list[int]
@@ -144,9 +161,23 @@ class Interaction:
     finish_reason: FinishReason
     output_text: str = ""
     reward: float | None = None
+    messages: list[dict] | None = None
+    tool_calls: list[dict] = field(default_factory=list)
+    started_s: float | None = None
+    ended_s: float | None = None
 
     @classmethod
-    def from_generation(cls, completion_id: str, gen: Generation, text: str = "") -> Interaction:
+    def from_generation(
+        cls,
+        completion_id: str,
+        gen: Generation,
+        text: str = "",
+        *,
+        messages: list[dict] | None = None,
+        tool_calls: list[dict] | None = None,
+        started_s: float | None = None,
+        ended_s: float | None = None,
+    ) -> Interaction:
         return cls(
             completion_id=completion_id,
             prompt_ids=list(gen.prompt_ids),
@@ -155,6 +186,10 @@ class Interaction:
             versions=list(gen.versions),
             finish_reason=gen.finish_reason,
             output_text=text,
+            messages=messages,
+            tool_calls=list(tool_calls or []),
+            started_s=started_s,
+            ended_s=ended_s,
         )
 
 

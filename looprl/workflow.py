@@ -3,7 +3,8 @@
 A workflow is user code, unchanged: anything with `async def run(self, data, **kw)` or
 a plain async function `f(data, **kw)`. `kw` holds at least `base_url`, `api_key` and
 `model` for an OpenAI client. It returns a reward (float), a dict mapping completion
-ids (the `id` of the chat completions it received) to rewards, or None to reject the
+ids (the `id` of the chat completions it received) to rewards, an EpisodeReward (such
+a dict and the rollout's own reward, for multi-turn episodes), or None to reject the
 rollout. Agents that report rewards over HTTP return None and POST to
 `/sessions/{id}/reward`.
 
@@ -18,13 +19,20 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
+import httpx
 from openai import AsyncOpenAI
 
 from looprl.agent_process import AgentProcess
-from looprl.config import Config
+from looprl.config import ENV_WORKFLOW, Config
+from looprl.rewards import FunctionReward, Reward, build_reward
+from looprl.types import EpisodeReward
 
 RewardFn = Callable[..., float]
-WorkflowResult = float | dict[str, float] | None
+# openai's default connect timeout (5 s) fired on a 2-core machine whose cores were busy
+# (a rollout lost to APITimeoutError in the default job); rollout.timeout_s bounds a
+# rollout as a whole.
+CLIENT_TIMEOUT = httpx.Timeout(600.0, connect=60.0)
+WorkflowResult = float | dict[str, float] | EpisodeReward | None
 
 
 @runtime_checkable
@@ -98,19 +106,21 @@ class RLVRWorkflow:
     """One chat turn through the `openai` client, scored by a reward function.
 
     `reward_fn(prompt, completion, **row) -> float` is called with the prompt text, the
-    model's answer and the dataset row's fields (e.g. `answer`). Sampling settings
-    (temperature, max tokens) are left to the gateway, which applies the run's config.
+    model's answer and the dataset row's fields (e.g. `answer`); it may also be a
+    `looprl.rewards.Reward` (a sandboxed code run, an LLM judge), which may return None
+    to reject the rollout. Sampling settings (temperature, max tokens) are left to the
+    gateway, which applies the run's config.
     """
 
     def __init__(
         self,
-        reward_fn: RewardFn | str,
+        reward_fn: RewardFn | Reward | str,
         prompt_field: str = "question",
         system_prompt: str | None = None,
     ):
-        self.reward_fn = (
-            import_object(reward_fn, "reward") if isinstance(reward_fn, str) else (reward_fn)
-        )
+        if isinstance(reward_fn, str):
+            reward_fn = import_object(reward_fn, "reward")
+        self.reward = reward_fn if isinstance(reward_fn, Reward) else FunctionReward(reward_fn)
         self.prompt_field = prompt_field
         self.system_prompt = system_prompt
 
@@ -122,10 +132,15 @@ class RLVRWorkflow:
             )
         prompt = str(data[self.prompt_field])
         messages = chat_messages(prompt, self.system_prompt)
-        async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-            response = await client.chat.completions.create(model=model, messages=messages)
-        completion = response.choices[0].message.content or ""
-        return float(self.reward_fn(prompt, completion, **data))
+        # The reward's context spans the call: a group judge waits for every rollout of
+        # the row that is still running before it scores them together.
+        async with self.reward.rollout(data) as score:
+            async with AsyncOpenAI(
+                base_url=base_url, api_key=api_key, max_retries=0, timeout=CLIENT_TIMEOUT
+            ) as client:
+                response = await client.chat.completions.create(model=model, messages=messages)
+            completion = response.choices[0].message.content or ""
+            return await score(prompt, completion)
 
 
 def chat_messages(prompt: str, system_prompt: str | None) -> list[dict[str, str]]:
@@ -137,15 +152,19 @@ def chat_messages(prompt: str, system_prompt: str | None) -> list[dict[str, str]
     return messages
 
 
-def configured_workflow(cfg: Config, task) -> Workflow:
+def configured_workflow(cfg: Config, task, reward: Reward | None = None) -> Workflow:
     """The workflow `cfg.workflow` names: a program per rollout (subprocess mode), or
-    the object at workflow.path; the built-in RLVRWorkflow gets `task`'s reward, prompt
-    field and system prompt unless workflow.kwargs set them."""
+    the object at workflow.path; the built-in RLVRWorkflow gets `reward` (else the one
+    `reward.type` names for `task`), the task's prompt field and system prompt unless
+    workflow.kwargs set them; looprl.envs:EnvWorkflow gets the env section."""
     kwargs = dict(cfg.workflow.kwargs)
     if cfg.workflow.mode == "subprocess":
         return AgentProcess(cfg.workflow.command, **kwargs)
     if cfg.workflow.path == "looprl.workflow:RLVRWorkflow":
-        kwargs.setdefault("reward_fn", task.reward_fn)
+        if "reward_fn" not in kwargs:
+            kwargs["reward_fn"] = reward or build_reward(cfg, task)
         kwargs.setdefault("prompt_field", task.prompt_field)
         kwargs.setdefault("system_prompt", task.system_prompt)
+    if cfg.workflow.path == ENV_WORKFLOW:  # the env section, unless workflow.kwargs say
+        kwargs = {**cfg.env.model_dump(), **kwargs}
     return resolve_workflow(cfg.workflow.path, kwargs)

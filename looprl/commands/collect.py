@@ -20,6 +20,7 @@ from looprl.config import Config
 from looprl.rollout.outcome import RolloutResult, check_reward, run_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
+from looprl.types import EpisodeReward
 from looprl.workflow import configured_workflow
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,9 @@ async def debug_workflow(
         if error:
             log.warning("Workflow result is unusable for training: %s", error)
             return run.elapsed_s, None, error.split(":", 1)[0]
-        if isinstance(reward, dict):
+        if isinstance(reward, EpisodeReward):
+            reward = reward.total
+        elif isinstance(reward, dict):
             reward = statistics.fmean(reward.values())
         return run.elapsed_s, reward, None
 

@@ -244,7 +244,11 @@ class _Gateway:
         top = (req.top_logprobs or 0) if req.logprobs else 0
         sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
         call = _Call(
-            f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", "chat.completion.chunk", prompt_ids
+            f"chatcmpl-{uuid.uuid4().hex}",
+            "chat.completion",
+            "chat.completion.chunk",
+            prompt_ids,
+            messages=[m.model_dump(exclude_none=True) for m in req.messages],
         )
         tool_names = {t["function"]["name"] for t in tools}
         parallel = req.parallel_tool_calls is not False
@@ -269,6 +273,7 @@ class _Gateway:
         def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
             logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
             msg, finish = message(text, finish)
+            call.tool_calls[index] = msg.get("tool_calls", [])
             return {
                 "index": index,
                 "message": msg,
@@ -280,6 +285,7 @@ class _Gateway:
         def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
             logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
             delta, finish = message(text, finish)
+            call.tool_calls[index] = delta.get("tool_calls", [])
             if "tool_calls" in delta:
                 delta["tool_calls"] = [
                     {"index": i, **tool_call} for i, tool_call in enumerate(delta["tool_calls"])
@@ -510,11 +516,12 @@ class _Gateway:
         if gens is None:
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
-        self._record(session, call, gens, finished)
+        choices = [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)]
+        self._record(session, call, gens, finished)  # after the choices: their tool calls
         return JSONResponse(
             {
                 **call.header(self.model_name),
-                "choices": [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)],
+                "choices": choices,
                 "usage": call.usage(gens),
                 "prompt_token_ids": call.prompt_ids,
             }
@@ -618,9 +625,18 @@ class _Gateway:
         """Record each choice, unless the session closed while it was generating."""
         if session is None or session.closed:
             return
+        ended_s = time.time()
         session.interactions.extend(
-            Interaction.from_generation(call.id, gen, text)
-            for gen, (text, _) in zip(gens, finished, strict=True)
+            Interaction.from_generation(
+                call.id,
+                gen,
+                text,
+                messages=call.messages,
+                tool_calls=call.tool_calls.get(i),
+                started_s=call.started_s,
+                ended_s=ended_s,
+            )
+            for i, (gen, (text, _)) in enumerate(zip(gens, finished, strict=True))
         )
 
     def _token_strings(self, ids: list[int]) -> list[str]:
@@ -629,12 +645,17 @@ class _Gateway:
 
 @dataclass
 class _Call:
-    """One request's identity: its id, OpenAI object types and prompt."""
+    """One request's identity: its id, OpenAI object types and prompt; and what its
+    recorded Interactions keep: the chat messages, each choice's parsed tool calls (by
+    choice index, filled as choices are answered) and the arrival time."""
 
     id: str
     object: str
     chunk_object: str
     prompt_ids: list[int]
+    messages: list[dict] | None = None
+    tool_calls: dict[int, list[dict]] = field(default_factory=dict)
+    started_s: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def header(self, model: str, chunk: bool = False) -> dict[str, Any]:

@@ -46,8 +46,8 @@ from typing import Any, Protocol
 from looprl.config import RolloutConfig
 from looprl.rollout.outcome import RolloutOutcome, RolloutResult, check_reward, run_workflow
 from looprl.rollout.staleness import StalenessManager
-from looprl.rollout.trajectory import build_trajectories
-from looprl.types import Interaction, SessionHandle
+from looprl.rollout.trajectory import build_trajectories, call_records
+from looprl.types import EpisodeReward, Interaction, SessionHandle
 from looprl.workflow import Workflow, resolve_workflow
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,9 @@ class RolloutController:
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
         if reward is None:
             return RolloutOutcome(group_id, "rejected", elapsed_s=elapsed, started=start)
+        episode = reward if isinstance(reward, EpisodeReward) else None
+        if episode is not None:  # per-call rewards for the samples, the total for the rollout
+            reward = episode.per_call
         trajectories, export_stats, breaks = build_trajectories(
             session.interactions,
             reward,
@@ -189,16 +192,27 @@ class RolloutController:
             )
             self._log_error(error)
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
-        scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
+        if episode is not None:
+            scalar = episode.total
+        else:
+            scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
         return RolloutOutcome(
             group_id,
             "completed",
             trajectories=trajectories,
             reward=scalar,
+            success=None if episode is None else episode.success,
             elapsed_s=elapsed,
             started=start,
             sampled_tokens=sum(t.num_sampled_tokens for t in trajectories),
             export_stats=export_stats,
+            calls=call_records(
+                session.interactions,
+                reward,
+                assignment=self.cfg.reward_assignment,
+                discount=self.cfg.reward_discount,
+            ),
+            concat_breaks=breaks,
         )
 
     def _log_error(self, error: str) -> None:
@@ -219,11 +233,12 @@ class RolloutController:
         overrides = [dict(sampling_overrides or {}) for _ in range(group_size)]
         for i, seed in enumerate(seeds or []):
             overrides[i]["seed"] = seed
-        return list(
-            await asyncio.gather(
-                *(self.run_one(row, group_id, overrides[i], workflow) for i in range(group_size))
-            )
+        outcomes = await asyncio.gather(
+            *(self.run_one(row, group_id, overrides[i], workflow) for i in range(group_size))
         )
+        for i, outcome in enumerate(outcomes):
+            outcome.sample_index = i
+        return list(outcomes)
 
     def _workflow_for(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Workflow:
         """The controller's workflow, or another one for this call (as `workflow.name`)."""
@@ -511,6 +526,9 @@ class RolloutController:
         outcomes = await self.run_group(
             job.row, job.group_size, job.sampling_overrides, job.workflow, job.seeds
         )
+        row_id = str(job.row.get("id", "" if job.position is None else job.position))
+        for o in outcomes:
+            o.row_id = row_id
         rewards = [o.reward for o in outcomes if o.trajectories]
         keep = bool(rewards)
         if keep and self.cfg.dynamic_filtering and len(set(rewards)) == 1:

@@ -3,7 +3,8 @@ way a workflow is run (its timeout, its errors captured) and its reward checked.
 
 `run_workflow` is used by the controller for every rollout and by `looprl debug
 workflow` against any server; `check_reward` is the one rule for what a workflow may
-return: a finite float, a dict of them by completion id, or None (rejected).
+return: a finite float, a dict of them by completion id, an EpisodeReward (such a dict
+and the rollout's total), or None (rejected).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from looprl.rollout.staleness import sample_staleness
-from looprl.types import Trajectory
+from looprl.types import EpisodeReward, Trajectory
 from looprl.workflow import Workflow
 
 Status = Literal["completed", "rejected", "failed", "timed_out"]
@@ -53,10 +54,18 @@ async def run_workflow(
     return WorkflowRun("completed", value, None, start, time.monotonic() - start)
 
 
-def check_reward(value: Any) -> tuple[float | dict[str, float] | None, str | None]:
+def check_reward(
+    value: Any,
+) -> tuple[float | dict[str, float] | EpisodeReward | None, str | None]:
     """Validate a workflow's result: (reward, None) or (None, error message)."""
     if value is None:
         return None, None
+    if isinstance(value, EpisodeReward):
+        per_call, error = check_reward(value.per_call)
+        total, total_error = check_reward(value.total)
+        if error or total_error:
+            return None, error or f"{total_error} (EpisodeReward.total)"
+        return EpisodeReward(per_call, total, value.success), None
     if isinstance(value, dict):
         rewards = {}
         for key, r in value.items():
@@ -88,6 +97,12 @@ class RolloutOutcome:
     started: float = 0.0  # time.monotonic() at the start
     sampled_tokens: int = 0
     export_stats: dict[str, int] = field(default_factory=dict)
+    success: bool | None = None  # an EpisodeReward's; None: accuracy counts reward >= 1
+    # What the trajectory files keep besides the trajectories (trajectory_files.py):
+    row_id: str = ""  # the dataset row's "id", else its position in the data stream
+    sample_index: int = 0  # the rollout's index in its group
+    calls: list[dict] = field(default_factory=list)  # trajectory.call_records
+    concat_breaks: list[str] = field(default_factory=list)  # why each concatenation broke
 
 
 @dataclass
@@ -128,11 +143,13 @@ class RolloutResult:
 def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any]:
     """Counts by outcome, errors by type, reward mean/std, accuracy and token rate.
 
-    `accuracy` is the fraction of scored rollouts whose reward is >= 1 (a correct
-    answer under verifiable 0/1 rewards).
+    `accuracy` is the fraction of scored rollouts that succeeded: their workflow's
+    `success` (an environment's episodes) where given, else reward >= 1 (a correct answer
+    under verifiable 0/1 rewards).
     """
     status = Counter(o.status for o in outcomes)
-    rewards = [o.reward for o in outcomes if o.reward is not None]
+    scored = [o for o in outcomes if o.reward is not None]
+    rewards = [o.reward for o in scored]
     tokens = sum(o.sampled_tokens for o in outcomes)
     # Over the span the outcomes were produced in: a batch taken from groups finished
     # ahead (asynchronous RL) is returned at once, but was not produced in no time.
@@ -155,7 +172,11 @@ def summarize(outcomes: list[RolloutOutcome], elapsed_s: float) -> dict[str, Any
         "errors": dict(errors),
         "reward_mean": mean,
         "reward_std": math.sqrt(var) if rewards else float("nan"),
-        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else float("nan"),
+        "accuracy": (
+            sum(o.reward >= 1.0 if o.success is None else o.success for o in scored) / len(scored)
+            if scored
+            else float("nan")
+        ),
         "trajectories": sum(len(o.trajectories) for o in outcomes),
         "sampled_tokens": tokens,
         "rollout_tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,

@@ -98,6 +98,37 @@ def call_rewards(
     return [reward * discount ** (calls - 1 - k) for k in range(calls)]
 
 
+def call_records(
+    interactions: list[Interaction],
+    reward: float | dict[str, float],
+    *,
+    assignment: RewardAssignment = "broadcast",
+    discount: float = 1.0,
+) -> list[dict]:
+    """Each call of a rollout as JSON-ready data, in call order, for the trajectory files:
+    its messages, reply, tool calls, finish reason, times, and its reward as
+    `build_trajectories` assigns it (None for an empty call or one a reward dict skips)."""
+    if isinstance(reward, dict):
+        rewards = [reward.get(it.completion_id) if it.output_ids else None for it in interactions]
+    else:
+        sampled = sum(bool(it.output_ids) for it in interactions)
+        shares = iter(call_rewards(float(reward), sampled, assignment, discount))
+        rewards = [next(shares) if it.output_ids else None for it in interactions]
+    return [
+        {
+            "completion_id": it.completion_id,
+            "messages": it.messages or [],
+            "reply": it.output_text,
+            "tool_calls": it.tool_calls,
+            "finish_reason": it.finish_reason,
+            "reward": r,
+            "started_s": it.started_s,
+            "ended_s": it.ended_s,
+        }
+        for it, r in zip(interactions, rewards, strict=True)
+    ]
+
+
 def _chain(
     calls: list[Interaction], decode: Callable[[list[int]], str] | None
 ) -> tuple[list[list[Interaction]], list[str]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from looprl.config import Config
@@ -54,18 +55,30 @@ def build_trainer(
     cfg: Config, policy: nn.Module, trainer_class: type[Trainer] = Trainer
 ) -> Trainer:
     """The trainer of `cfg` on `policy` (and its device): `trainer_sampling`, LoRA
-    adapters around it with model.lora, and, when train.kl_coef > 0, a frozen reference
-    copy of the model loaded beside it (with model.lora the frozen base is the reference)."""
-    reference = None
+    adapters around it with model.lora, when train.kl_coef > 0 a frozen reference copy
+    of the model loaded beside it (with model.lora the frozen base is the reference), and
+    with train.algorithm=distill the frozen teacher (train.teacher_path)."""
+    reference = teacher = None
+    device = next(policy.parameters()).device
     if cfg.train.kl_coef > 0 and not cfg.model.lora.enabled:
-        device = next(policy.parameters()).device
         reference = load_model(cfg.model.path, cfg.model.dtype).to(device)
+    if cfg.train.teacher_path:
+        teacher = load_model(cfg.train.teacher_path, cfg.model.dtype).to(device)
+        if teacher.config.vocab_size != policy.config.vocab_size:
+            raise ValueError(
+                f"train.teacher_path={cfg.train.teacher_path!r} has a vocabulary of "
+                f"{teacher.config.vocab_size} tokens, the policy {policy.config.vocab_size}: "
+                "distillation compares logprobs of the same token ids, so the teacher needs "
+                "the policy's tokenizer"
+            )
+        log.info("Distilling from %s (frozen, beside the trainer)", cfg.train.teacher_path)
     return trainer_class(
         policy,
         cfg.train,
         **trainer_sampling(cfg),
         ref_model=reference,
         lora=cfg.model.lora,
+        teacher_model=teacher,
     )
 
 
@@ -79,6 +92,12 @@ class TrainerHandle(Protocol):
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One update on `batch`; returns its stats."""
+        ...
+
+    async def step_logprobs(self) -> torch.Tensor | None:
+        """The logprobs (N, T) float32 of the last `train_step`'s batch under the weights
+        it started from (the proximal ones, or under a single update the training
+        forward's own), NaN where it ran no token; None before any step."""
         ...
 
     async def push_weights(self) -> None:

@@ -215,6 +215,9 @@ class TrainerRank:
         self.watchdog.beat()
         return stats
 
+    def step_logprobs(self) -> torch.Tensor | None:
+        return self.trainer.step_logprobs
+
     def weights(self) -> list[ray.ObjectRef] | None:
         """The full weights, or with model.lora the adapter (a collective: every rank calls
         it). Rank 0 puts them in the object store once and returns [ref], which replicas
@@ -378,6 +381,9 @@ class RankGroup:
         stats = await self._all("train_step", ref)
         self._version += 1
         return stats[0]
+
+    async def step_logprobs(self) -> torch.Tensor | None:
+        return (await self._all("step_logprobs"))[0]  # summed over ranks: whole on each
 
     async def push_weights(self) -> None:
         if self.weight_sync == "broadcast":

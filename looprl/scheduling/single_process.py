@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from looprl.config import Config
@@ -51,6 +52,9 @@ class LocalTrainer:
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return await asyncio.to_thread(self.trainer.train_step, batch)
+
+    async def step_logprobs(self) -> torch.Tensor | None:
+        return self.trainer.step_logprobs
 
     async def push_weights(self) -> None:
         adapter = self.trainer.adapter_for_engine()

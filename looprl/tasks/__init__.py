@@ -1,8 +1,10 @@
 """Built-in tasks: datasets with their reward functions.
 
 `load_task(cfg)` returns a Task (train rows, held-out rows, reward function) for the
-`task` section of the config: the generated `arithmetic` problems, or rows read from
-JSONL/Parquet files or a Hugging Face dataset, scored by a reward function.
+`task` section of the config: the generated `arithmetic` problems, reasoning-gym's
+procedural datasets, an environment's seeds (`env`), or rows read from JSONL/Parquet
+files or a Hugging Face dataset, scored by a reward function (`reward.type=function`;
+looprl/rewards has the others).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Task:
     reward_fn: RewardFn
     prompt_field: str
     system_prompt: str | None
+    answer_field: str = "answer"
 
 
 def load_task(cfg: TaskConfig) -> Task:
@@ -28,9 +31,19 @@ def load_task(cfg: TaskConfig) -> Task:
     if cfg.name == "arithmetic":
         train, held_out = arithmetic.make_splits(cfg)
         return Task(train, held_out, arithmetic.arithmetic_reward, "question", cfg.system_prompt)
+    if cfg.name == "env":
+        from looprl.tasks import env_seeds
+
+        train, held_out = env_seeds.make_splits(cfg)
+        return Task(train, held_out, env_seeds.no_reward_function, "seed", cfg.system_prompt)
+    if cfg.name == "reasoning_gym":
+        from looprl.tasks import reasoning_gym
+
+        train, held_out, reward_fn = reasoning_gym.make_splits(cfg)
+        return Task(train, held_out, reward_fn, "question", cfg.system_prompt)
     if cfg.train_path is None:
         raise ValueError(f"task.name={cfg.name!r} needs task.train_path")
     train = datasets.load_rows(cfg.train_path, cfg.name, cfg)
     held_out = datasets.load_rows(cfg.eval_path, cfg.name, cfg) if cfg.eval_path else []
     reward_fn = import_object(cfg.reward, "task.reward")
-    return Task(train, held_out, reward_fn, cfg.prompt_field, cfg.system_prompt)
+    return Task(train, held_out, reward_fn, cfg.prompt_field, cfg.system_prompt, cfg.answer_field)

@@ -19,6 +19,10 @@ Variants (mean_g, std_g: statistics of the sequence's own group):
   values over the whole batch (degenerate groups' zeros included) + eps. Departs from
   OpenRLHF in two ways: it whitens per sequence, not per token, and folds no KL into
   the reward (`train.kl_coef` puts the KL in the loss instead).
+- `distill`: on-policy distillation (Agarwal et al., 2024, GKD; Lu & Thinking Machines,
+  2025): no sequence advantage (0 here); the trainer gives each sampled token the
+  advantage log pi_teacher - log pi_student, the negative of the per-token reverse KL,
+  minus the batch's mean of it (a baseline); the reward only shows progress.
 """
 
 from __future__ import annotations
@@ -100,11 +104,20 @@ def reinforce_pp(
     return _finish(centred / (std + EPS), rewards, inverse, degenerate)
 
 
+def distill(
+    rewards: torch.Tensor, group_index: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Zeros (N,): distillation's advantages are per token, from the teacher (trainer.py)."""
+    _groups(rewards, group_index)  # the same shape checks
+    return torch.zeros_like(rewards), {}
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
     "rloo": rloo,
     "reinforce_pp": reinforce_pp,
+    "distill": distill,
 }
 
 

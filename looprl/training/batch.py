@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 class TrainBatch:
     """N right-padded sequences. (N, T) tensors are aligned with `input_ids` like a
     Trajectory's; padding has attention_mask 0, loss_mask False, behavior_logprobs 0,
-    versions -1. `proximal_logprobs` and `ref_logprobs` are filled by the trainer."""
+    versions -1. `proximal_logprobs`, `ref_logprobs` and `teacher_logprobs` are filled by
+    the trainer."""
 
     input_ids: torch.Tensor  # (N, T) int64
     attention_mask: torch.Tensor  # (N, T) int64, 1 on real tokens
@@ -38,6 +39,7 @@ class TrainBatch:
     group_index: torch.Tensor  # (N,) int64, 0..G-1 in order of first appearance
     proximal_logprobs: torch.Tensor | None = None  # (N, T) float32
     ref_logprobs: torch.Tensor | None = None  # (N, T) float32
+    teacher_logprobs: torch.Tensor | None = None  # (N, T) float32, algorithm=distill
 
     @property
     def num_sequences(self) -> int:

@@ -90,6 +90,7 @@ class DataParallelTrainer(Trainer):
         top_p: float = 1.0,
         ref_model: nn.Module | None = None,
         lora: LoraConfig | None = None,
+        teacher_model: nn.Module | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -106,6 +107,7 @@ class DataParallelTrainer(Trainer):
             top_p=top_p,
             ref_model=ref_model,
             lora=lora,
+            teacher_model=teacher_model,
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

@@ -131,7 +131,8 @@ def policy_loss(
     """The `objective`'s loss of one micro-batch, each token's loss multiplied by its
     corrected behavior weight when `behavior_logprobs` is given (module docstring).
 
-    logprobs, proximal_logprobs, behavior_logprobs, mask: (B, T); advantages: (B,).
+    logprobs, proximal_logprobs, behavior_logprobs, mask: (B, T); advantages: (B,), one
+    per sequence, or (B, T), one per token (distillation).
     eps_clip, eps_clip_high: the clip range [1 - eps_clip, 1 + eps_clip_high] of the
     objective's ratio. Returns the scalar loss (this micro-batch's share) and stats
     averaged over the micro-batch's sampled tokens.
@@ -210,14 +211,20 @@ def cispo_token_loss(
     `ppo_token_loss`; clipped marks the tokens whose weight was truncated."""
     ratio = torch.where(mask, logprobs - proximal_logprobs, 0.0).exp().detach()  # (B, T)
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    token_loss = -advantages[:, None] * weight * logprobs
+    token_loss = -per_token(advantages) * weight * logprobs
     return token_loss, weight != ratio, ratio
+
+
+def per_token(advantages: torch.Tensor) -> torch.Tensor:
+    """A sequence's advantage (B,) as a column (B, 1); per-token advantages (B, T), as
+    distillation gives, as they are."""
+    return advantages if advantages.ndim == 2 else advantages[:, None]
 
 
 def _clipped_surrogate(
     ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    adv = advantages[:, None]  # (B, 1)
+    adv = per_token(advantages)  # (B, 1) or (B, T)
     unclipped_loss = -adv * ratio
     clipped_loss = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     token_loss = torch.maximum(unclipped_loss, clipped_loss)  # (B, T)

@@ -160,6 +160,7 @@ class Trainer:
         top_p: float = 1.0,
         ref_model: nn.Module | None = None,
         lora: LoraConfig | None = None,
+        teacher_model: nn.Module | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 for training logprobs")
@@ -174,6 +175,11 @@ class Trainer:
             )
         if ref_model is model:
             raise ValueError("ref_model is the policy model itself; pass a frozen copy")
+        if (cfg.algorithm == "distill") != (teacher_model is not None):
+            raise ValueError(
+                f"train.algorithm={cfg.algorithm} needs a teacher model exactly when it is "
+                "distill; pass teacher_model (train.teacher_path) with distill only"
+            )
         if ref_model is not None and lora is not None:
             raise ValueError(
                 "with model.lora the reference is the frozen base itself; pass no ref_model"
@@ -182,6 +188,7 @@ class Trainer:
         self.cfg = cfg
         self.temperature = temperature
         self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.teacher = None if teacher_model is None else teacher_model.eval().requires_grad_(False)
         self.device = next(model.parameters()).device
         master_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.precision = decide_train(
@@ -190,6 +197,10 @@ class Trainer:
         if self.precision.warning:
             warn_once(self.precision.warning)
         log.debug("Trainer: %s", self.precision.describe())
+        if cfg.activation_checkpointing:
+            # Non-reentrant: it needs no input that requires grad, as LoRA's frozen
+            # embeddings are not; the decoder layers recompute in backward (train mode).
+            model.activation_checkpointing_enable({"use_reentrant": False})
         if lora is not None:
             # The frozen base needs no float32 master copy: it is held in the dtype the
             # forward computes in; only the adapters train, in float32.
@@ -201,6 +212,11 @@ class Trainer:
             self.optimizer, lambda step: lr_factor(step, cfg)
         )
         self.version = 0
+        # The last train_step's logprobs of its batch at the weights it started from,
+        # (N, T) float32, NaN where it ran no token (see train_step).
+        self.step_logprobs: torch.Tensor | None = None
+        self._recording: tuple[torch.Tensor, torch.Tensor] | None = None  # see train_step
+        self._distill_baseline = 0.0  # see train_step
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Float32 logprobs (N, T) of `batch` under the current weights, without grad."""
@@ -224,7 +240,27 @@ class Trainer:
         # forward pass, so its logprobs come from it (detached): one forward pass saved.
         single_update = self.cfg.ppo_epochs * self.cfg.mini_batches == 1
         proximal = None if single_update else self.compute_logprobs(batch)
-        batch = replace(batch, proximal_logprobs=proximal, ref_logprobs=ref)
+        # The trajectory files' trainer logprobs: the proximal ones, or under a single
+        # update the training forward's own, which `accumulate_gradients` records (NaN
+        # where it ran no token: rows with zero advantage).
+        self.step_logprobs = proximal
+        self._recording = (
+            (torch.zeros(batch.input_ids.shape), torch.zeros(batch.input_ids.shape))
+            if single_update
+            else None
+        )
+        teacher = None if self.teacher is None else self._logprobs_without_grad(self.teacher, batch)
+        if teacher is not None:
+            # Distillation's baseline: the batch's mean of log pi_teacher - log pi_behav
+            # over its sampled tokens, a constant subtracted from every token's advantage
+            # (unbiased, like GRPO's group mean): the raw advantages are all near
+            # -KL, tens of nats per token from a sharp teacher, and their common part
+            # only adds variance.
+            gap = (teacher - batch.behavior_logprobs)[batch.loss_mask]
+            self._distill_baseline = float(gap.mean()) if len(gap) else 0.0
+        batch = replace(
+            batch, proximal_logprobs=proximal, ref_logprobs=ref, teacher_logprobs=teacher
+        )
         steps: list[dict[str, float]] = []
         for _ in range(self.cfg.ppo_epochs):
             for mini in split_mini_batches(batch, self.cfg.mini_batches):
@@ -235,6 +271,10 @@ class Trainer:
                 self.optimizer.step()
                 steps.append(stats)
         self.optimizer.zero_grad(set_to_none=True)
+        if self._recording is not None:
+            values, filled = self._sum_over_ranks(torch.stack(self._recording)).unbind()
+            self.step_logprobs = torch.where(filled > 0, values, torch.nan)
+            self._recording = None
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.version += 1
@@ -272,8 +312,10 @@ class Trainer:
         """
         cfg = self.cfg
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
-        if cfg.kl_coef == 0:
-            batch = batch.select(_rows_with_gradient(batch))
+        kept = torch.arange(batch.num_sequences)  # rows of `batch` run, by their index
+        if cfg.kl_coef == 0 and batch.teacher_logprobs is None:
+            kept = _rows_with_gradient(batch)
+            batch = batch.select(kept)
         eps_clip, eps_clip_high = cfg.clip_range()
         weighted: dict[str, float] = defaultdict(float)  # stats x sampled tokens
         by_fresh: dict[str, float] = defaultdict(float)  # mismatch metrics x fresh tokens
@@ -288,10 +330,19 @@ class Trainer:
                 mb.input_ids.shape, dtype=sampled.dtype, device=sampled.device
             ).masked_scatter(mb.loss_mask, sampled)
             proximal = logprobs.detach() if mb.proximal_logprobs is None else mb.proximal_logprobs
+            if self._recording is not None and counts:
+                values, filled = self._recording
+                width = mb.input_ids.shape[1]
+                values[kept[rows], :width] += proximal.float().cpu()
+                filled[kept[rows], :width] += mb.loss_mask.cpu().float()
+            advantages = mb.advantages  # (B,)
+            if mb.teacher_logprobs is not None:  # distillation: -reverse KL per token (B, T)
+                gap = torch.where(mb.loss_mask, mb.teacher_logprobs - proximal, 0.0)
+                advantages = torch.where(mb.loss_mask, gap - self._distill_baseline, 0.0)
             loss, stats = policy_loss(
                 logprobs,
                 proximal,
-                mb.advantages,
+                advantages,
                 mb.loss_mask,
                 eps_clip=eps_clip,
                 eps_clip_high=eps_clip_high,
@@ -307,6 +358,9 @@ class Trainer:
             with torch.no_grad():
                 # A micro-batch of rows left out of the loss has no sampled token.
                 stats["entropy"] = float(entropy_from_logits(logits).sum()) / max(len(picked), 1)
+                stats["logprob_mean"] = masked_mean(logprobs.detach(), mb.loss_mask)
+                if mb.teacher_logprobs is not None:  # k1 estimate of KL(student || teacher)
+                    stats["distill_kl"] = -masked_mean(gap, mb.loss_mask)
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_estimator)  # (B, T)
                 loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)

@@ -392,3 +392,115 @@ def test_every_objective_trains_and_a_batch_left_out_gives_zero_gradients(model,
     assert all((g == 0).all() for g in grads)
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert stats["loss"] == 0
+
+
+def test_distillation_from_itself_gives_zero_advantages_and_leaves_the_weights(model):
+    student = copy.deepcopy(model)
+    batch = _batch(student, "distill")
+    assert bool((batch.advantages == 0).all())
+    cfg = TrainConfig(compute_dtype="float32", lr=1e-2, algorithm="distill", teacher_path="t")
+    trainer = Trainer(student, cfg, teacher_model=copy.deepcopy(model))
+    before = {k: v.clone() for k, v in trainer.state_dict_for_engine().items()}
+    stats = trainer.train_step(batch)
+    assert stats["distill_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["grad_norm"] == pytest.approx(0.0, abs=1e-6)
+    after = trainer.state_dict_for_engine()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_distillation_moves_the_students_logprobs_toward_the_teachers(model):
+    student = copy.deepcopy(model)
+    teacher = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    batch = _batch(student, "distill")
+    target = Trainer(copy.deepcopy(teacher), TrainConfig(compute_dtype="float32"))
+    target = target.compute_logprobs(batch)
+    cfg = TrainConfig(compute_dtype="float32", lr=1e-4, algorithm="distill", teacher_path="t")
+    trainer = Trainer(student, cfg, teacher_model=teacher)
+    gaps, kls, expected_kls = [], [], []
+    for _ in range(5):
+        logprobs = trainer.compute_logprobs(batch)
+        gaps.append(float((logprobs - target).abs()[batch.loss_mask].mean()))
+        expected_kls.append(float((logprobs - target)[batch.loss_mask].mean()))
+        kls.append(trainer.train_step(batch)["distill_kl"])
+    # the k1 estimate of KL(student || teacher) on the sampled tokens, before each update
+    assert kls == pytest.approx(expected_kls, abs=1e-4)
+    assert all(later < earlier for earlier, later in zip(gaps, gaps[1:], strict=False)), gaps
+    assert gaps[-1] < 0.7 * gaps[0], gaps
+
+
+def test_distillation_needs_its_teacher(model):
+    with pytest.raises(ValueError, match="teacher"):
+        Trainer(copy.deepcopy(model), TrainConfig(algorithm="distill", teacher_path="t"))
+    with pytest.raises(ValueError, match="teacher"):
+        Trainer(copy.deepcopy(model), TrainConfig(), teacher_model=model)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(model):
+    """...while the decoder keeps a fraction of its activations for the backward pass."""
+    batch = _batch(model)
+    grads, saved = [], []
+    for checkpointing in (False, True):
+        cfg = TrainConfig(compute_dtype="float32", activation_checkpointing=checkpointing)
+        trainer = Trainer(copy.deepcopy(model), cfg)
+        trainer.model.train()
+        trainer.accumulate_gradients(batch)
+        grads.append(trainer.full_gradients())
+        numel = [0]
+
+        def count(tensor, numel=numel):
+            numel[0] += tensor.numel()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+            trainer.model.get_decoder()(input_ids=batch.input_ids, use_cache=False)
+        saved.append(numel[0])
+    assert saved[1] < 0.3 * saved[0], saved
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_single_update_records_its_forwards_logprobs_for_the_trajectory_files(model):
+    """step_logprobs under one optimizer step: the training forward's own (the weights
+    before the update) at each row it ran, NaN at the rows it left out (zero advantage)."""
+    batch = _batch(model)
+    batch = replace(batch, advantages=torch.where(torch.arange(6) == 2, 0.0, batch.advantages))
+    trainer = Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32"))
+    before = trainer.compute_logprobs(batch)
+    trainer.train_step(batch)
+    recorded = trainer.step_logprobs
+    ran = batch.advantages != 0
+    assert not bool(ran[2]) and int(ran.sum()) == 5
+    mask = batch.loss_mask
+    torch.testing.assert_close(recorded[ran][mask[ran]], before[ran][mask[ran]], atol=1e-5, rtol=0)
+    assert bool(recorded[2].isnan().all())
+    assert bool(recorded[~mask].isnan().all())  # nothing off the mask
+
+
+def test_distillation_advantages_are_the_teacher_gap_minus_the_batch_mean(model, monkeypatch):
+    """A_t = (log pi_teacher - log pi) - b, b the batch's mean gap over sampled tokens
+    (against the engine's logprobs, here the student's own): they sum to 0."""
+    student, teacher = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    batch = _batch(student, "distill")
+    teacher_logprobs = Trainer(copy.deepcopy(teacher), TrainConfig(compute_dtype="float32"))
+    gap = teacher_logprobs.compute_logprobs(batch) - batch.behavior_logprobs  # (N, T)
+    expected = torch.where(batch.loss_mask, gap - gap[batch.loss_mask].mean(), 0.0)
+    seen = []
+    import looprl.training.trainer as trainer_module
+
+    def recording(logprobs, proximal, advantages, mask, **kw):
+        seen.append(advantages.detach())
+        return losses_policy_loss(logprobs, proximal, advantages, mask, **kw)
+
+    losses_policy_loss = trainer_module.policy_loss
+    monkeypatch.setattr(trainer_module, "policy_loss", recording)
+    cfg = TrainConfig(compute_dtype="float32", algorithm="distill", teacher_path="t")
+    Trainer(student, cfg, teacher_model=teacher).train_step(batch)
+    assert len(seen) == 1  # one micro-batch: every row, as the batch is small
+    torch.testing.assert_close(seen[0], expected[:, : seen[0].shape[1]], atol=2e-5, rtol=0)

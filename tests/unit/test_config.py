@@ -38,6 +38,12 @@ def test_defaults_and_dotted_overrides(tmp_path):
             "train.mismatch_correction=none",
             r"train\.mismatch_correction=none with rollout\.max_head_offpolicyness=2",
         ),
+        ("train.algorithm=distill", r"train: algorithm=distill needs train\.teacher_path"),
+        ("train.teacher_path=t", r"teacher_path='t' is used by algorithm=distill only, not grpo"),
+        (
+            "metrics.backends=[jsonl,tensorbord]",
+            r"metrics\.backends\.1='tensorbord': Input should be 'jsonl'",
+        ),
         (
             "train.overlong.soft_penalty_buffer_tokens=49",
             r"soft_penalty_buffer_tokens=49 is longer than sampling\.max_new_tokens=48",
@@ -175,3 +181,15 @@ def test_clip_range_defaults_to_the_objectives_paper_values(overrides, clip):
 def test_mismatch_correction_none_is_fine_when_synchronous():
     cfg = load_config(None, ["train.mismatch_correction=none"])
     assert cfg.train.mismatch_correction == "none" and cfg.rollout.max_head_offpolicyness == 0
+
+
+def test_reward_section_names_its_fields():
+    cfg = load_config(None, ["reward.type=code", "reward.code.tests_field=test_list"])
+    assert cfg.reward.type == "code" and cfg.reward.code.tests_field == "test_list"
+    assert load_config(None, []).reward.type == "function"
+    with pytest.raises(ConfigError, match=r"reward.code.timeout: unknown field; did you mean"):
+        load_config(None, ["reward.code.timeout=3"])
+    with pytest.raises(ConfigError, match=r"reward.judge.prompt cannot be filled in"):
+        load_config(None, ["reward.judge.prompt=Rate {answr}"])
+    with pytest.raises(ConfigError, match=r"reward.type=judge scores the built-in workflow"):
+        load_config(None, ["reward.type=judge", "workflow.path=my.agent:Agent"])

@@ -398,3 +398,55 @@ def test_mismatch_metrics_by_hand():
     assert figures["mismatch_ratio_outside_frac"] == pytest.approx(2 / 5)
     nothing = mismatch_metrics(trainer, engine, torch.zeros(2, 3, dtype=torch.bool))
     assert nothing == {key: 0.0 for key in figures}
+
+
+# Per-token advantages (distillation's), on the 2x3 example (ratios [[1.5, .5, 1], [.5, 2]],
+# clip [.8, 1.28]): token loss max(-A_t r, -A_t clip(r)):
+#   seq 0, A [1, -1, 2]:  [-1.28 (clipped), 0.8 (clipped), -2]
+#   seq 1, A [.5, -2]:    [-0.25, 4]
+# token_mean (1.27) / 5; gradient -A_t r on unclipped tokens: [[0, 0, -2], [-.25, 4]] / 5.
+TOKEN_ADVANTAGES = torch.tensor([[1.0, -1.0, 2.0], [0.5, -2.0, 9.0]])
+
+
+def test_per_token_advantages_by_hand():
+    logprobs = LOGPROBS.clone().requires_grad_(True)
+    loss, stats = policy_loss(
+        logprobs,
+        PROXIMAL,
+        TOKEN_ADVANTAGES,
+        MASK,
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        agg="token_mean",
+        normalizer=5.0,
+    )
+    loss.backward()
+    assert float(loss) == pytest.approx(1.27 / 5, abs=1e-6)
+    torch.testing.assert_close(
+        logprobs.grad, torch.tensor([[0.0, 0.0, -2.0], [-0.25, 4.0, 0.0]]) / 5
+    )
+    assert stats["clip_frac"] == pytest.approx(2 / 5)
+
+
+@pytest.mark.parametrize("objective", ["ppo", "gspo", "cispo"])
+def test_a_sequence_advantage_equals_the_same_value_on_each_token(objective):
+    def run(advantages):
+        logprobs = LOGPROBS.clone().requires_grad_(True)
+        loss, _ = policy_loss(
+            logprobs,
+            PROXIMAL,
+            advantages,
+            MASK,
+            eps_clip=0.2,
+            eps_clip_high=0.28,
+            agg="token_mean",
+            normalizer=5.0,
+            objective=objective,
+        )
+        loss.backward()
+        return float(loss), logprobs.grad
+
+    loss, grad = run(ADVANTAGES)
+    loss_tokens, grad_tokens = run(ADVANTAGES[:, None].expand(2, 3))
+    assert loss == pytest.approx(loss_tokens)
+    torch.testing.assert_close(grad, grad_tokens)

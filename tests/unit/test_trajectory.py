@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from looprl.rollout.trajectory import build_trajectories
+from looprl.rollout.trajectory import build_trajectories, call_records
 from looprl.types import Interaction, Trajectory
 
 
@@ -150,3 +150,20 @@ def test_json_round_trip():
     old = {k: v for k, v in traj.to_json().items() if k not in ("truncated", "longest_call_tokens")}
     assert Trajectory.from_json(old).truncated is False
     assert Trajectory.from_json(old).longest_call_tokens == 5
+
+
+def test_call_records_give_each_call_its_share_of_the_reward():
+    calls = [call("a", [1], [5]), call("empty", [1, 5], []), call("b", [1, 5, 6], [7])]
+    calls[0].messages = [{"role": "user", "content": "hi"}]
+    calls[0].tool_calls = [{"id": "c0", "type": "function"}]
+    records = call_records(calls, 1.0, assignment="broadcast", discount=0.5)
+    # Two calls sampled: the earlier gets 1.0 * 0.5 ** 1, the empty one nothing.
+    assert [r["reward"] for r in records] == [0.5, None, 1.0]
+    assert records[0]["messages"] == [{"role": "user", "content": "hi"}]
+    assert records[0]["tool_calls"] == [{"id": "c0", "type": "function"}]
+    assert records[2]["messages"] == [] and records[2]["tool_calls"] == []
+    assert [r["completion_id"] for r in records] == ["a", "empty", "b"]
+    last = call_records(calls, 1.0, assignment="last_call")
+    assert [r["reward"] for r in last] == [0.0, None, 1.0]
+    by_id = call_records(calls, {"b": 0.25})
+    assert [r["reward"] for r in by_id] == [None, None, 0.25]

@@ -1,0 +1,190 @@
+"""Gymnasium environments in words: `env.name=gymnasium:ID`.
+
+The toy-text environments get a describing function a small model can act on and named
+actions (the first action word of the reply is taken):
+
+- FrozenLake-v1, FrozenLake8x8-v1: where you are, the goal, what lies left/down/right/up;
+  actions left, down, right, up; success: the goal reached.
+- Taxi-v4: the taxi, the passenger, the destination, the walls beside the taxi; actions
+  south, north, east, west, pickup, dropoff; success: the passenger delivered.
+- Blackjack-v1: your sum, a usable ace, the dealer's card; actions stick, hit; success:
+  the hand won.
+- CliffWalking-v1: where you are, the goal, the cliff; actions up, right, down, left;
+  success: the goal reached.
+
+Rows and columns count from 1. FrozenLake is not slippery unless `is_slippery: true`
+(learnable by a small model), and `random_map_size: N` draws a new N x N map per seed
+(gymnasium's generate_random_map), so held-out seeds are unseen maps. Any other ID with
+a Discrete action space plays with numbered actions and the observation as JSON.
+`kwargs` go to `gymnasium.make`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+from looprl.envs.base import StepResult, or_list, parse_action
+
+
+@dataclass(frozen=True)
+class TextView:
+    """How one Gymnasium env reads as text."""
+
+    actions: tuple[str, ...]  # action words, in the env's action order
+    describe: Callable[[Any, Any], str]  # (unwrapped env, observation) -> text
+    success: Callable[[float, bool], bool]  # (last reward, terminated) -> success
+
+
+def _reply_with(actions: tuple[str, ...]) -> str:
+    return f"Reply with one word: {or_list(actions)}."
+
+
+FROZEN_LAKE_ACTIONS = ("left", "down", "right", "up")
+_TILES = {b"S": "ice", b"F": "ice", b"H": "hole", b"G": "goal"}
+
+
+def describe_frozen_lake(env, observation: int) -> str:
+    """Where the player is on the lake, where the goal is, and each neighbouring tile."""
+    rows, cols = env.desc.shape
+    row, col = divmod(int(observation), cols)
+    goal_row, goal_col = (int(i[0]) for i in np.nonzero(env.desc == b"G"))
+    around = []
+    for word, (dr, dc) in zip(FROZEN_LAKE_ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0)), strict=True):
+        r, c = row + dr, col + dc
+        tile = _TILES[env.desc[r, c]] if 0 <= r < rows and 0 <= c < cols else "edge"
+        around.append(f"{word.capitalize()}: {tile}.")
+    return (
+        f"You are at row {row + 1}, column {col + 1} of a {rows}x{cols} frozen lake. "
+        f"The goal is at row {goal_row + 1}, column {goal_col + 1}. {' '.join(around)} "
+        + _reply_with(FROZEN_LAKE_ACTIONS)
+    )
+
+
+TAXI_ACTIONS = ("south", "north", "east", "west", "pickup", "dropoff")
+_TAXI_STOPS = "RGYB"
+
+
+def describe_taxi(env, observation: int) -> str:
+    """The taxi's cell, the passenger (at a stop or aboard), the destination, and the
+    moves a wall or the edge blocks."""
+    row, col, passenger, destination = env.decode(int(observation))
+    desc = env.desc.astype(str)
+
+    def stop(i: int) -> str:
+        r, c = env.locs[i]
+        return f"row {r + 1}, column {c + 1} ({_TAXI_STOPS[i]})"
+
+    where = "is in your taxi" if passenger == 4 else f"waits at {stop(passenger)}"
+    blocked = [
+        word
+        for word, wall in (
+            ("south", row == 4),
+            ("north", row == 0),
+            ("east", desc[1 + row][2 * col + 2] == "|"),
+            ("west", desc[1 + row][2 * col] == "|"),
+        )
+        if wall
+    ]
+    walls = f" You cannot drive {or_list(tuple(blocked))}." if blocked else ""
+    return (
+        f"You drive a taxi at row {row + 1}, column {col + 1} of a 5x5 town. The passenger "
+        f"{where}; the destination is {stop(destination)}.{walls} " + _reply_with(TAXI_ACTIONS)
+    )
+
+
+BLACKJACK_ACTIONS = ("stick", "hit")
+
+
+def describe_blackjack(env, observation: tuple[int, int, int]) -> str:
+    """Your sum (and whether an ace counts 11), the dealer's face-up card."""
+    total, dealer, usable_ace = (int(x) for x in observation)
+    ace = ", with an ace counted as 11" if usable_ace else ""
+    card = "an ace" if dealer == 1 else f"a {dealer}"
+    return f"Your cards add up to {total}{ace}. The dealer shows {card}. " + _reply_with(
+        BLACKJACK_ACTIONS
+    )
+
+
+CLIFF_ACTIONS = ("up", "right", "down", "left")
+
+
+def describe_cliff_walking(env, observation: int) -> str:
+    """Where the player is, the goal, and the cliff along the bottom row."""
+    rows, cols = env.shape
+    row, col = divmod(int(observation), cols)
+    return (
+        f"You are at row {row + 1}, column {col + 1} of a {rows}x{cols} grid. The goal is "
+        f"at row {rows}, column {cols}. The cliff covers row {rows}, columns 2 to "
+        f"{cols - 1}: stepping on it costs 100 and sends you back to row {rows}, column 1. "
+        + _reply_with(CLIFF_ACTIONS)
+    )
+
+
+VIEWS = {
+    "FrozenLake": TextView(FROZEN_LAKE_ACTIONS, describe_frozen_lake, lambda r, t: r > 0),
+    "FrozenLake8x8": TextView(FROZEN_LAKE_ACTIONS, describe_frozen_lake, lambda r, t: r > 0),
+    "Taxi": TextView(TAXI_ACTIONS, describe_taxi, lambda r, t: t),
+    "Blackjack": TextView(BLACKJACK_ACTIONS, describe_blackjack, lambda r, t: r > 0),
+    "CliffWalking": TextView(CLIFF_ACTIONS, describe_cliff_walking, lambda r, t: t),
+}
+
+
+def plain(value: Any) -> Any:
+    """`value` as JSON-ready data (numpy arrays and scalars to lists and numbers)."""
+    return json.loads(json.dumps(value, default=lambda v: np.asarray(v).tolist()))
+
+
+class GymnasiumEnv:
+    """One Gymnasium env behind looprl's contract (see the module docstring)."""
+
+    def __init__(self, env_id: str, random_map_size: int | None = None, **kwargs: Any):
+        family = env_id.split("-v")[0]
+        if family.startswith("FrozenLake"):
+            kwargs.setdefault("is_slippery", False)
+        elif random_map_size is not None:
+            raise ValueError(f"env.kwargs.random_map_size is for FrozenLake, not {env_id!r}")
+        self.env_id, self.kwargs, self.random_map_size = env_id, kwargs, random_map_size
+        self.env = gymnasium.make(env_id, **kwargs)
+        self.view = VIEWS.get(family) or self._numbered_view()
+
+    def _numbered_view(self) -> TextView:
+        space = self.env.action_space
+        if not isinstance(space, gymnasium.spaces.Discrete):
+            raise ValueError(
+                f"gymnasium:{self.env_id} has a {space} action space; the text adapter plays "
+                "Discrete actions only: wrap it in your own env (env.name=module:factory)"
+            )
+        actions = tuple(str(int(space.start) + i) for i in range(int(space.n)))
+
+        def describe(env, observation) -> str:
+            return f"Observation: {json.dumps(plain(observation))}. " + _reply_with(actions)
+
+        return TextView(actions, describe, lambda r, t: r > 0)
+
+    def reset(self, seed: int, options: dict | None = None) -> str:
+        if self.random_map_size is not None:
+            desc = generate_random_map(self.random_map_size, seed=seed)
+            self.env = gymnasium.make(self.env_id, desc=desc, **self.kwargs)
+        observation, _ = self.env.reset(seed=seed, options=options)
+        return self.view.describe(self.env.unwrapped, observation)
+
+    def step(self, action_text: str) -> StepResult:
+        index = parse_action(action_text, self.view.actions)
+        action = int(self.env.action_space.start) + index  # a Discrete space may not start at 0
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        info = {**plain(info), "action": self.view.actions[index]}
+        done = bool(terminated or truncated)
+        if done:
+            info["success"] = bool(self.view.success(float(reward), bool(terminated)))
+        return self.view.describe(self.env.unwrapped, observation), float(reward), done, info
+
+
+def make(env_id: str, **kwargs: Any) -> GymnasiumEnv:
+    return GymnasiumEnv(env_id, **kwargs)

@@ -1,0 +1,397 @@
+"""Environments in worker processes, so that a slow or crashing one never blocks the
+event loop (the gateway, the engine's batching, other rollouts).
+
+Owns: `EnvWorkers`, a fixed pool of `n_workers` processes (multiprocessing, spawn
+context), and `Episode`, one episode's handle. Each worker holds the environments of the
+episodes assigned to it (the least loaded worker takes a new episode) and serves one
+call at a time; messages are JSON over a pipe both ways (nothing from a worker is
+unpickled).
+
+Failures end only the episode that caused them, and are counted (`counts`):
+
+- the env raises (other than InvalidAction) or breaks the contract: EnvFailed; the worker
+  drops that env and goes on;
+- the worker dies during a call: EnvCrashed; a call runs past `step_timeout_s`: the
+  worker is killed, EnvTimedOut. Either way a new worker takes its place, and each other
+  episode it held is rebuilt there on its next call by replaying its seed and actions;
+  an episode whose replay does not give back the observations it saw (the env is not
+  deterministic) ends with EnvCrashed.
+
+Concurrency contract: all calls come from one event loop. A worker's lock is held for
+one request and its reply (and a replay before it); the reply is awaited with the loop's
+reader on the pipe, never a blocking read. `close()` (synchronous) closes the pipes, and
+terminates then kills any worker not gone within a second; a worker also exits on its
+own when its parent process is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import json
+import logging
+import math
+import multiprocessing
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+from looprl.envs.base import (
+    EnvCrashed,
+    EnvError,
+    EnvFailed,
+    EnvTimedOut,
+    InvalidAction,
+    StepResult,
+    make_env,
+)
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0  # spawning a worker and building one env (imports included)
+
+
+class EnvWorkers:
+    """`n_workers` processes playing `make_env(name, kwargs)` episodes."""
+
+    def __init__(
+        self, name: str, kwargs: dict[str, Any], n_workers: int, step_timeout_s: float
+    ) -> None:
+        self.name, self.kwargs = name, dict(kwargs)
+        self.step_timeout_s = step_timeout_s
+        self.counts: Counter[str] = Counter()  # crashed, timed_out, failed, restarts
+        self._ids = itertools.count()
+        self._workers = [_Worker(self, i) for i in range(n_workers)]
+
+    def start(self) -> None:
+        """Start every worker and wait until each has built one env; raises ValueError
+        naming env.name when it cannot be built (so a typo fails the run at start)."""
+        try:
+            for worker in self._workers:
+                worker.spawn()
+            for worker in self._workers:
+                worker.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def episode(self) -> AsyncIterator[Episode]:
+        """An episode on the least loaded worker; its env is dropped on exit."""
+        worker = min(self._workers, key=lambda w: len(w.episodes))
+        episode = Episode(worker, f"e{next(self._ids)}")
+        worker.episodes.add(episode.id)
+        try:
+            yield episode
+        finally:
+            worker.episodes.discard(episode.id)
+            await worker.drop(episode)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None]
+
+    def close(self) -> None:
+        """Stop every worker (idempotent)."""
+        for worker in self._workers:
+            worker.stop()
+
+    def _count(self, kind: str, error: EnvError) -> None:
+        if not self.counts[kind]:
+            log.warning(
+                "env %s: an episode ended with %s: %s (later ones are counted in the "
+                "rollout stats' errors)",
+                self.name,
+                type(error).__name__,
+                error,
+            )
+        self.counts[kind] += 1
+
+
+class Episode:
+    """One episode's calls. It remembers its seed and actions, so that a worker restarted
+    under it can rebuild its env by replaying them."""
+
+    def __init__(self, worker: _Worker, episode_id: str) -> None:
+        self.worker, self.id = worker, episode_id
+        self.generation = -1  # the worker generation holding this episode's env
+        self.seed: int | None = None
+        self.options: dict | None = None
+        self.played: list[tuple[str, str]] = []  # (action, observation) accepted so far
+
+    async def reset(self, seed: int, options: dict | None = None) -> str:
+        self.seed, self.options, self.played = seed, options, []
+        reply = await self.worker.call(self, {"op": "reset", "seed": seed, "options": options})
+        return reply["observation"]
+
+    async def step(self, action_text: str) -> StepResult:
+        if self.seed is None:
+            raise EnvFailed("step() before reset(): an episode starts with reset(seed)")
+        reply = await self.worker.call(self, {"op": "step", "action": action_text})
+        self.played.append((action_text, reply["observation"]))
+        return reply["observation"], reply["reward"], reply["done"], reply["info"]
+
+
+class _Worker:
+    def __init__(self, pool: EnvWorkers, index: int) -> None:
+        self.pool, self.index = pool, index
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn = None
+        self.generation = 0  # + 1 per restart: episodes held before must replay
+        self.episodes: set[str] = set()
+        self.lock = asyncio.Lock()
+        self.starting = False
+        self.unread = 0
+
+    def spawn(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=serve,
+            args=(child, self.pool.name, json.dumps(self.pool.kwargs), os.getpid()),
+            name=f"looprl-env-{self.index}",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+
+    def wait_ready(self) -> None:
+        if not self.conn.poll(START_TIMEOUT_S):
+            self.stop()
+            raise ValueError(
+                f"env.name={self.pool.name!r}: a worker did not build the env within "
+                f"{START_TIMEOUT_S:g} s"
+            )
+        try:
+            reply = json.loads(self.conn.recv_bytes())
+        except EOFError:
+            code = self._exit_code()
+            self.stop()
+            raise ValueError(
+                f"env.name={self.pool.name!r}: its worker died while building the env "
+                f"(exit code {code}; a script that starts training needs `if __name__ == "
+                "'__main__':`, since workers are spawned and import the main module)"
+            ) from None
+        if "error" in reply:
+            self.stop()
+            raise ValueError(
+                f"env.name={self.pool.name!r} with env.kwargs={self.pool.kwargs} could not "
+                f"be built: {reply['error']}"
+            )
+
+    async def call(self, episode: Episode, message: dict) -> dict:
+        async with self.lock:
+            replay = episode.generation != self.generation and message["op"] == "step"
+            episode.generation = self.generation
+            if replay:
+                await self._replay(episode)
+            return await self._request({**message, "episode": episode.id})
+
+    async def drop(self, episode: Episode) -> None:
+        async with self.lock:
+            if episode.generation != self.generation or self.process is None:
+                return  # its env died with an earlier worker, or with the pool
+            with contextlib.suppress(EnvError):
+                await self._request({"op": "drop", "episode": episode.id})
+
+    async def _replay(self, episode: Episode) -> None:
+        """Rebuild `episode`'s env on this (restarted) worker from its seed and actions."""
+        reset = {"op": "reset", "seed": episode.seed, "options": episode.options}
+        try:
+            await self._request({**reset, "episode": episode.id})
+            seen = []
+            for action, _ in episode.played:
+                step = {"op": "step", "action": action, "episode": episode.id}
+                seen.append((await self._request(step))["observation"])
+        except (EnvError, InvalidAction) as e:
+            raise EnvCrashed(
+                f"its worker was restarted and the episode could not be rebuilt: {e}"
+            ) from e
+        if seen != [observation for _, observation in episode.played]:
+            error = EnvCrashed(
+                "its worker was restarted and replaying the episode's actions gave other "
+                "observations than before (the env is not deterministic in its seed)"
+            )
+            self.pool._count("crashed", error)
+            raise error
+
+    async def _request(self, message: dict) -> dict:
+        """Send one request and await its reply; a death or a timeout restarts the worker."""
+        if self.process is None:
+            raise EnvCrashed(f"the workers of env {self.pool.name} were closed")
+        if self.starting:  # a restarted worker first says it has built its env
+            if not await self._readable(START_TIMEOUT_S):
+                self._restart()
+                raise EnvCrashed(f"a restarted worker of env {self.pool.name} did not start")
+            self.starting = False
+            ready = self._receive(message)
+            if "error" in ready:
+                raise EnvCrashed(
+                    f"a restarted worker could not build env {self.pool.name}: {ready['error']}"
+                )
+        while self.unread:  # replies to calls whose episode was cancelled meanwhile
+            if not await self._readable(self.pool.step_timeout_s):
+                self._restart()
+                break
+            self._receive(message)
+            self.unread -= 1
+        self.conn.send_bytes(json.dumps(message).encode())
+        try:
+            replied = await self._readable(self.pool.step_timeout_s)
+        except asyncio.CancelledError:  # the rollout was cancelled: its reply comes later
+            self.unread += 1
+            raise
+        if not replied:
+            self._restart()
+            error = EnvTimedOut(
+                f"{message['op']}() of env {self.pool.name} ran past env.step_timeout_s="
+                f"{self.pool.step_timeout_s:g}; its worker was killed"
+            )
+            self.pool._count("timed_out", error)
+            raise error
+        reply = self._receive(message)
+        if "invalid" in reply:
+            raise InvalidAction(reply["invalid"])
+        if "error" in reply:
+            error = EnvFailed(f"env {self.pool.name}: {reply['error']}")
+            self.pool._count("failed", error)
+            raise error
+        return reply
+
+    async def _readable(self, timeout_s: float) -> bool:
+        """Wait until the pipe has data (or the worker's end closed) for up to timeout_s."""
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        fd = self.conn.fileno()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+
+    def _receive(self, message: dict) -> dict:
+        """The worker's reply; EnvCrashed (and a restart) when it died instead."""
+        try:
+            reply = json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            code = self._exit_code()
+            self._restart()
+            error = EnvCrashed(
+                f"the worker running env {self.pool.name} died during {message['op']}() "
+                f"(exit code {code})"
+            )
+            self.pool._count("crashed", error)
+            raise error from None
+        return reply
+
+    def _exit_code(self) -> int | None:
+        self.process.join(timeout=1.0)
+        return self.process.exitcode
+
+    def _restart(self) -> None:
+        self.stop(grace_s=0.0)  # it hung or died: nothing to wait for
+        self.generation += 1
+        self.unread = 0
+        self.pool.counts["restarts"] += 1
+        self.spawn()
+        self.starting = True  # its ready message is read before the next request
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Close the pipe (an idle worker exits on it), then terminate, then kill."""
+        if self.process is None:
+            return
+        self.conn.close()
+        self.process.join(timeout=grace_s)
+        if self.process.is_alive() and grace_s:
+            self.process.terminate()
+            self.process.join(timeout=grace_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.process.close()
+        self.process = None
+
+
+def serve(conn, name: str, kwargs_json: str, parent_pid: int) -> None:
+    """A worker's main loop: build one env (the start check), then answer requests."""
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    kwargs = json.loads(kwargs_json)
+    loop = asyncio.new_event_loop()  # for envs whose methods are async
+
+    def call(fn, *args):
+        result = fn(*args)
+        return loop.run_until_complete(result) if inspect.isawaitable(result) else result
+
+    def send(reply: dict) -> None:
+        conn.send_bytes(json.dumps(reply, default=str).encode())
+
+    envs: dict[str, Any] = {}
+    try:
+        make_env(name, kwargs)
+    except Exception as e:
+        send({"error": f"{type(e).__name__}: {e}"})
+        return
+    send({"ready": True})
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        episode, op = message["episode"], message["op"]
+        try:
+            if op == "reset":
+                envs[episode] = env = envs.get(episode) or make_env(name, kwargs)
+                observation = call(env.reset, message["seed"], message["options"])
+                send({"observation": _text(observation, "reset()")})
+            elif op == "step":
+                send(_step_reply(call(envs[episode].step, message["action"])))
+            else:  # drop
+                envs.pop(episode, None)
+                send({})
+        except InvalidAction as e:
+            send({"invalid": str(e)})
+        except Exception as e:
+            envs.pop(episode, None)  # in an unknown state
+            send({"error": f"{type(e).__name__}: {e}"})
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{where} must return the observation as text, got {type(value).__name__}")
+    return value
+
+
+def _step_reply(result: Any) -> dict:
+    if not isinstance(result, tuple) or len(result) != 4:
+        raise TypeError(
+            "step() must return (observation: str, reward: float, done: bool, info: dict), "
+            f"got {type(result).__name__} {str(result)[:80]!r} (a Gymnasium env: use "
+            "env.name=gymnasium:ID)"
+        )
+    observation, reward, done, info = result
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise TypeError(f"step()'s reward must be a number, got {type(reward).__name__}")
+    if not math.isfinite(reward):
+        raise ValueError(f"step() returned a non-finite reward {reward!r}")
+    if not isinstance(info, dict):
+        raise TypeError(f"step()'s info must be a dict, got {type(info).__name__}")
+    return {
+        "observation": _text(observation, "step()"),
+        "reward": float(reward),
+        "done": bool(done),
+        "info": info,
+    }
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this worker once its parent is gone, even while an env call hangs."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(0)

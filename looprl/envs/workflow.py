@@ -1,0 +1,132 @@
+"""EnvWorkflow: one multi-turn workflow that plays any environment through the gateway.
+
+Per turn: the observation is the user's message (after `system_prompt`, and the last
+`history_turns` turns), the model's reply is the action text, and the env's step reward
+is credited to the chat completion that produced the reply. A reply the env rejects
+(InvalidAction) earns `invalid_action_reward`, and its message, then the unchanged
+observation, is the next turn's prompt (or the episode ends: `end_on_invalid_action`).
+The episode ends when the env says done or after `max_turns` replies.
+
+Credit: reply t gets its return-to-go G_t = r_t + discount * G_{t+1} (the last reply's
+is its own reward); the rollout's reward is the episode return sum_t r_t, which is what
+its group's statistics and filtering see. It returns an EpisodeReward with `success`:
+the env's own `info["success"]` at the end, else episode return > 0 (what held-out
+accuracy counts).
+
+Owns: the turn loop and the credit. The envs run in worker processes (workers.py), which
+start when the workflow is built (so a wrong env.name fails at once) and stop at
+`close()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+from looprl.config import EnvConfig
+from looprl.envs.base import InvalidAction
+from looprl.envs.workers import EnvWorkers
+from looprl.types import EpisodeReward
+
+
+def returns_to_go(rewards: list[float], discount: float) -> list[float]:
+    """G_t = r_t + discount * G_{t+1}, for each step t.
+
+    >>> returns_to_go([0.0, -0.1, 1.0], 0.5)
+    [0.2, 0.4, 1.0]
+    """
+    returns, future = [], 0.0
+    for reward in reversed(rewards):
+        future = reward + discount * future
+        returns.append(future)
+    return returns[::-1]
+
+
+def _http_client() -> httpx.AsyncClient:
+    """A connection per call and no timeout. Between two turns a connection can sit idle
+    longer than the gateway keeps it (uvicorn closes idle ones after 5 s), and a call on
+    one it is closing fails; rollout.timeout_s bounds the episode, while on a loaded CPU
+    the gateway can take longer than httpx's 5 s to accept a connection."""
+    return DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+class EnvWorkflow:
+    """Plays episodes of `name` (see EnvConfig in looprl/config.py for every field); a
+    dataset row is `{"seed": N}` (task.name=env), with optional reset `options`."""
+
+    def __init__(self, **fields: Any):
+        self.cfg = EnvConfig(**fields)
+        if not self.cfg.name:
+            raise ValueError("EnvWorkflow needs env.name, e.g. env.name=gymnasium:FrozenLake-v1")
+        self.workers = EnvWorkers(
+            self.cfg.name, self.cfg.kwargs, self.cfg.workers, self.cfg.step_timeout_s
+        )
+        self.workers.start()
+
+    def __repr__(self) -> str:
+        return f"EnvWorkflow({self.cfg.name})"
+
+    async def run(
+        self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any
+    ) -> EpisodeReward:
+        if "seed" not in data:
+            raise KeyError(f"an env episode's row needs a 'seed' (fields: {sorted(data)})")
+        cfg = self.cfg
+        turns: list[tuple[str, str]] = []  # (prompt shown, reply)
+        credit: list[tuple[str, float]] = []  # (completion id, step reward)
+        success = None
+        async with (
+            self.workers.episode() as env,
+            AsyncOpenAI(
+                base_url=base_url,
+                api_key=api_key,
+                max_retries=0,
+                timeout=httpx.Timeout(None),
+                http_client=_http_client(),
+            ) as client,
+        ):
+            observation = await env.reset(int(data["seed"]), data.get("options"))
+            prompt = observation
+            for _ in range(cfg.max_turns):
+                response = await client.chat.completions.create(
+                    model=model, messages=self.messages(turns, prompt)
+                )
+                reply = response.choices[0].message.content or ""
+                turns.append((prompt, reply))
+                try:
+                    observation, reward, done, info = await env.step(reply)
+                    prompt = observation
+                except InvalidAction as e:
+                    reward, done, info = cfg.invalid_action_reward, cfg.end_on_invalid_action, {}
+                    prompt = f"{e}\n\n{observation}"
+                credit.append((response.id, reward))
+                if done:
+                    success = info.get("success")
+                    break
+        total = sum(reward for _, reward in credit)
+        to_go = returns_to_go([reward for _, reward in credit], cfg.discount)
+        return EpisodeReward(
+            per_call={cid: g for (cid, _), g in zip(credit, to_go, strict=True)},
+            total=total,
+            success=total > 0 if success is None else bool(success),
+        )
+
+    def messages(self, turns: list[tuple[str, str]], prompt: str) -> list[dict[str, str]]:
+        """The chat of one turn: system prompt, the last history_turns turns, `prompt`."""
+        messages = []
+        if self.cfg.system_prompt is not None:
+            messages.append({"role": "system", "content": self.cfg.system_prompt})
+        kept = turns[-self.cfg.history_turns :] if self.cfg.history_turns else []
+        for shown, reply in kept:
+            messages += [
+                {"role": "user", "content": shown},
+                {"role": "assistant", "content": reply},
+            ]
+        messages.append({"role": "user", "content": prompt})
+        return messages
+
+    def close(self) -> None:
+        """Stop the env workers (idempotent)."""
+        self.workers.close()
