@@ -36,8 +36,9 @@ async def test_a_student_learns_from_a_teacher_by_distillation(peaked_model_dir,
     kls = [round(r["distill_kl"], 3) for r in steps]
     rewards = [round(r["reward_mean"], 3) for r in steps]
     print("distillation: KL to the teacher", kls, "rewards", rewards, "teacher", teacher_reward)
-    # When it catches up varies from run to run (step 3 to 7 seen): asked is that it got
-    # close to the teacher after the first three steps, not when.
+    # When it catches up varies from run to run (step 2 to 7 seen): asked is that after
+    # three steps it got close to the teacher, against its first step (sampled before any
+    # update), not when.
     assert len(steps) == 12
-    assert min(kls[3:]) < 0.5 * sum(kls[:3]) / 3, kls
-    assert max(rewards[3:]) > sum(rewards[:3]) / 3 + 0.3, rewards
+    assert min(kls[3:]) < 0.5 * kls[0], kls
+    assert max(rewards[3:]) > rewards[0] + 0.3, rewards

@@ -2,6 +2,8 @@
 
 The toy reward is the fraction of sampled tokens with an even id: a random-init model
 starts near 0.5, and only learning (weights moving and reaching the engine) raises it.
+make test runs the precision and LoRA tests again on a CPU forced to AVX2 (`kernels`);
+the float32 toy jobs would repeat the first there, where `auto` is float32.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from openai import AsyncOpenAI
 from looprl import precision
 from looprl.config import Config, load_config
 from looprl.loop import train
-
-pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
 
 class EvenTokenAgent:
@@ -92,6 +92,7 @@ async def test_tiny_model_learns_a_toy_reward(peaked_model_dir, tmp_path, max_he
 
 
 @pytest.mark.slow
+@pytest.mark.kernels  # run again on a forced AVX2 CPU by make test, where auto is float32
 async def test_tiny_model_learns_in_the_precision_this_machine_picks(peaked_model_dir, tmp_path):
     """engine.dtype and train.compute_dtype left at auto: bfloat16 where the CPU has
     hardware bf16, float32 where it has not (make test's forced AVX2 run)."""
@@ -102,6 +103,7 @@ async def test_tiny_model_learns_in_the_precision_this_machine_picks(peaked_mode
 
 
 @pytest.mark.slow
+@pytest.mark.kernels  # the engine's adapter merge, on the forced AVX2 CPU too
 async def test_tiny_model_learns_with_lora_adapters_only(peaked_model_dir, tmp_path):
     """model.lora: the engine serves base + adapter (a low-rank term, the base never
     reloaded), the checkpoint holds the adapter, the run ends with an adapter folder and
