@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -35,19 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from looprl.trajectory_files import step_path  # noqa: E402
+from tests.support.chromium import CHROMIUM_ARGS, find_chromium  # noqa: E402
 from tests.support.serving import free_port, running_server  # noqa: E402
 from tests.support.synthetic_run import write_synthetic_run  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 OVERVIEW_URLS = ("/", "/static/app.js", "/static/style.css", "/api/runs", "/api/runs/0/overview")
 
 
@@ -81,7 +71,7 @@ def baseline_step(run_dir: Path, step: int) -> None:
 
 
 def browser_timings(base: str, steps: list[int], repeats: int) -> dict[str, float] | None:
-    chromium = shutil.which("chromium") or shutil.which("/usr/bin/chromium")
+    chromium = find_chromium()
     if chromium is None:
         print("no Chromium: the page-load timings are left out (apt-get install chromium)")
         return None

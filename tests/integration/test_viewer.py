@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from looprl.trajectory_files import read_step, step_path, write_step
+from tests.support.chromium import CHROMIUM_ARGS, find_chromium
 from tests.support.serving import free_port, running_server
 from tests.support.synthetic_run import metric_records, trajectory_rows, write_synthetic_run
 
@@ -29,27 +29,8 @@ sync_api = pytest.importorskip(
 )
 expect = sync_api.expect
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # Without these Chromium keeps calling home, which a closed network answers slowly.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 STEPS = 20
 ROWS = 32  # 4 groups of 8
-
-
-def find_chromium() -> str | None:
-    for candidate in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(candidate)
-        if found:
-            return found
-    return None
 
 
 @pytest.fixture(scope="module")
