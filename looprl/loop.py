@@ -10,6 +10,7 @@ at the start, every `eval.every_steps` steps and at the end.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import signal
@@ -25,7 +26,6 @@ from looprl import checkpoint as checkpoint_io
 from looprl import precision
 from looprl.config import Config
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
-from looprl.envs.workflow import EnvWorkflow
 from looprl.metrics import Metrics
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 from looprl.rewards import open_reward
@@ -386,8 +386,9 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
 @asynccontextmanager
 async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
     """The parts of a training run under `scheduler.type`: everything in this process
-    (single_process), or engine replicas and trainer ranks as Ray actors (ray). An
-    EnvWorkflow's env worker processes stop with them."""
+    (single_process), or engine replicas and trainer ranks as Ray actors (ray). The
+    workflow's `close()`, where it has one (sync or async), runs after them: an
+    EnvWorkflow's env worker processes stop there."""
     try:
         if cfg.scheduler.type == "ray":
             from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked
@@ -398,8 +399,14 @@ async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
         async with start_single_process(cfg, workflow, train=True) as parts:
             yield parts
     finally:
-        if isinstance(workflow, EnvWorkflow):
-            workflow.close()
+        await close_workflow(workflow)
+
+
+async def close_workflow(workflow: object) -> None:
+    """Call the workflow's `close()` where it has one, awaited if it is async."""
+    close = getattr(workflow, "close", None)
+    if callable(close) and inspect.isawaitable(done := close()):
+        await done
 
 
 async def evaluate(

@@ -14,7 +14,11 @@ actions (the first action word of the reply is taken):
 
 Rows and columns count from 1. FrozenLake is not slippery unless `is_slippery: true`
 (learnable by a small model), and `random_map_size: N` draws a new N x N map per seed
-(gymnasium's generate_random_map), so held-out seeds are unseen maps. Any other ID with
+(gymnasium's generate_random_map), so held-out seeds are unseen maps. FrozenLake's
+`distance_reward: c` adds a per-step reward: c for a move that shortens the walk to the
+goal around the holes (breadth-first), -c for one that lengthens it, -2c for falling in
+a hole (a shortest walk still earns the most, so the best policy stays the same;
+success still means the goal reached). Any other ID with
 a Discrete action space plays with numbered actions and the observation as JSON.
 `kwargs` go to `gymnasium.make`.
 """
@@ -65,6 +69,29 @@ def describe_frozen_lake(env, observation: int) -> str:
         f"The goal is at row {goal_row + 1}, column {goal_col + 1}. {' '.join(around)} "
         + _reply_with(FROZEN_LAKE_ACTIONS)
     )
+
+
+def walking_distances(desc: np.ndarray) -> dict[tuple[int, int], int]:
+    """Steps from each tile to the goal, walking around the holes (breadth-first); tiles
+    that cannot reach it are absent.
+
+    >>> d = walking_distances(np.array([list(b"SF"), list(b"HG")]))
+    >>> d[(0, 0)], d[(0, 1)], (1, 0) in d
+    (2, 1, False)
+    """
+    rows, cols = desc.shape
+    goal = tuple(int(i[0]) for i in np.nonzero(desc == b"G"))
+    distances, frontier = {goal: 0}, [goal]
+    while frontier:
+        nearer = []
+        for row, col in frontier:
+            for r, c in ((row + 1, col), (row - 1, col), (row, col + 1), (row, col - 1)):
+                inside = 0 <= r < rows and 0 <= c < cols
+                if inside and (r, c) not in distances and desc[r, c] != b"H":
+                    distances[(r, c)] = distances[(row, col)] + 1
+                    nearer.append((r, c))
+        frontier = nearer
+    return distances
 
 
 TAXI_ACTIONS = ("south", "north", "east", "west", "pickup", "dropoff")
@@ -144,13 +171,24 @@ def plain(value: Any) -> Any:
 class GymnasiumEnv:
     """One Gymnasium env behind looprl's contract (see the module docstring)."""
 
-    def __init__(self, env_id: str, random_map_size: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        env_id: str,
+        random_map_size: int | None = None,
+        distance_reward: float = 0.0,
+        **kwargs: Any,
+    ):
         family = env_id.split("-v")[0]
         if family.startswith("FrozenLake"):
             kwargs.setdefault("is_slippery", False)
-        elif random_map_size is not None:
-            raise ValueError(f"env.kwargs.random_map_size is for FrozenLake, not {env_id!r}")
+        else:
+            if random_map_size is not None:
+                raise ValueError(f"env.kwargs.random_map_size is for FrozenLake, not {env_id!r}")
+            if distance_reward:
+                raise ValueError(f"env.kwargs.distance_reward is for FrozenLake, not {env_id!r}")
         self.env_id, self.kwargs, self.random_map_size = env_id, kwargs, random_map_size
+        self.distance_reward = float(distance_reward)
+        self.distances: dict[tuple[int, int], int] = {}
         self.env = gymnasium.make(env_id, **kwargs)
         self.view = VIEWS.get(family) or self._numbered_view()
 
@@ -173,17 +211,34 @@ class GymnasiumEnv:
             desc = generate_random_map(self.random_map_size, seed=seed)
             self.env = gymnasium.make(self.env_id, desc=desc, **self.kwargs)
         observation, _ = self.env.reset(seed=seed, options=options)
+        if self.distance_reward:
+            self.distances = walking_distances(self.env.unwrapped.desc)
+        self.state = observation
         return self.view.describe(self.env.unwrapped, observation)
 
     def step(self, action_text: str) -> StepResult:
         index = parse_action(action_text, self.view.actions)
         action = int(self.env.action_space.start) + index  # a Discrete space may not start at 0
         observation, reward, terminated, truncated, info = self.env.step(action)
+        if self.distance_reward:
+            reward = float(reward) + self.shaping(self.state, observation)
+        self.state = observation
         info = {**plain(info), "action": self.view.actions[index]}
         done = bool(terminated or truncated)
         if done:
             info["success"] = bool(self.view.success(float(reward), bool(terminated)))
         return self.view.describe(self.env.unwrapped, observation), float(reward), done, info
+
+    def shaping(self, before: int, after: int) -> float:
+        """FrozenLake's distance_reward for a move from tile `before` to tile `after`: c per
+        step nearer the goal, -c per step farther, -2c into a hole (see the module doc)."""
+        cols = self.env.unwrapped.desc.shape[1]
+        start, end = divmod(int(before), cols), divmod(int(after), cols)
+        if start not in self.distances:  # cut off from the goal: nothing to steer towards
+            return 0.0
+        if end not in self.distances:  # a hole (or a tile cut off from the goal)
+            return -2 * self.distance_reward
+        return self.distance_reward * (self.distances[start] - self.distances[end])
 
 
 def make(env_id: str, **kwargs: Any) -> GymnasiumEnv:

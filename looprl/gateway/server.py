@@ -29,6 +29,12 @@ from looprl.types import SessionHandle
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 5
+# How long an idle client connection stays open. uvicorn's default, 5 s, is as long as
+# httpx (the openai client) keeps an idle connection for reuse, so an agent that reused
+# one after ~5 s between turns could send its call as the gateway closed it and get an
+# APIConnectionError. Longer than any client's idle expiry, the client always gives up
+# the connection first.
+KEEP_ALIVE_S = 75
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -78,6 +84,7 @@ class GatewayServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")

@@ -106,14 +106,27 @@ def micro_batches(
 ) -> list[torch.Tensor]:
     """Rows (n_i,) of each micro-batch, so that each packs into at most
     `max_tokens_per_mb` tokens (packed rows x the longest): first-fit-decreasing over
-    packed rows, a group whose packed row would pass the budget split into several."""
+    packed rows, a group whose packed row would pass the budget split into several.
+
+    Attention memory is counted too. The block-masked attention of a packed row of W
+    tokens keeps R x W x W weights per head and layer for the backward (SDPA's math
+    path), where padded rows of length L in the same budget keep at most
+    max_tokens_per_mb x L. So packed rows x the longest squared stays under
+    max_tokens_per_mb x the batch's longest row: packing never needs more attention
+    memory than padding the same rows would. (Without it, the ~40 one-call samples of a
+    FrozenLake group packed into 4096-token rows needed 19 GB.)"""
     ids, sizes_of = input_ids.cpu(), lengths.cpu().tolist()
+    squares = max_tokens_per_mb * max(sizes_of, default=0)  # packed rows x W^2 at most
+
+    def fits(rows: int, width: int) -> bool:
+        return rows * width <= max_tokens_per_mb and rows * width * width <= squares
+
     units: list[tuple[int, list[int]]] = []  # (packed size, rows)
     for seg in segments(ids, sizes_of, group_index.cpu()):
         size, rows = seg.prefix, []
         for r in seg.rows:
             rest = sizes_of[r] - seg.prefix
-            if rows and size + rest > max_tokens_per_mb:
+            if rows and not fits(1, size + rest):
                 units.append((size, rows))
                 size, rows = seg.prefix, []
             size, rows = size + rest, [*rows, r]
@@ -123,7 +136,7 @@ def micro_batches(
     counts: list[int] = []  # packed rows per micro-batch
     for size, rows in units:
         for k, (longest, taken) in enumerate(bins):
-            if (counts[k] + 1) * longest <= max_tokens_per_mb:  # units come longest first
+            if fits(counts[k] + 1, longest):  # units come longest first
                 taken.extend(rows)
                 counts[k] += 1
                 break

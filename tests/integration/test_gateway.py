@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -509,6 +510,25 @@ async def test_a_call_stops_when_its_session_closes_or_its_client_leaves(server)
         await _until(lambda: not engine._rows and not engine._waiting, "the engine to be idle")
         ok = await client.chat.completions.create(model="m", messages=USER, max_tokens=2)
     assert [it.completion_id for it in server.store.get(handle.id).interactions] == [ok.id]
+
+
+async def test_an_idle_connection_stays_open_longer_than_clients_keep_one(server):
+    # httpx (the openai client) reuses a connection idle for up to 5 s; the gateway keeps
+    # one open longer, so a call on a reused connection never meets the gateway closing
+    # it. One HTTP/1.1 connection, a request, 6 s idle, a second request on it.
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    request = f"GET /health HTTP/1.1\r\nHost: {server.host}\r\n\r\n".encode()
+    for first in (True, False):
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
+        await reader.readexactly(length)
+        if first:
+            await asyncio.sleep(6)
+            assert not reader.at_eof(), "the gateway closed an idle connection within 6 s"
+    writer.close()
 
 
 def test_serve_runs_sessionless_until_sigint(tiny_model_dir):

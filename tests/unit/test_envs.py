@@ -107,6 +107,23 @@ def test_frozen_lake_hole_ends_the_episode_without_success():
     assert (reward, done, info["success"]) == (0.0, True, False)
 
 
+def test_frozen_lake_distance_reward_by_hand():
+    # LAKE's walks to the goal at (3, 3), around the holes at (1, 3) and (3, 1):
+    # (1, 1) 4 steps, (1, 2) 3, (2, 1) 3, (2, 2) 2, (2, 3) 1, (3, 2) 1
+    env = GymnasiumEnv("FrozenLake-v1", desc=LAKE, distance_reward=0.25)
+    env.reset(seed=0)
+    moves = [("right", 0.25), ("left", -0.25), ("up", 0.0), ("down", 0.25), ("down", -0.5)]
+    for move, reward in moves:  # a bump into the edge stays put: 0; the hole: -2c
+        _, got, done, info = env.step(move)
+        assert got == pytest.approx(reward), move
+    assert done and not info["success"]
+    env.reset(seed=1)  # a new episode on the same map: nearer each move, then the goal's 1
+    rewards = [env.step(move)[1] for move in ("right", "down", "right", "down")]
+    assert rewards == pytest.approx([0.25, 0.25, 0.25, 1.25])
+    with pytest.raises(ValueError, match="distance_reward is for FrozenLake, not 'Taxi-v4'"):
+        GymnasiumEnv("Taxi-v4", distance_reward=0.25)
+
+
 def test_frozen_lake_random_maps_are_one_per_seed():
     env = GymnasiumEnv("FrozenLake-v1", random_map_size=3)
     maps = {}

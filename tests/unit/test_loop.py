@@ -1,5 +1,7 @@
+import asyncio
+
 from looprl.config import load_config
-from looprl.loop import describe_loss
+from looprl.loop import close_workflow, describe_loss
 
 
 def test_the_start_up_log_names_the_resolved_loss():
@@ -27,3 +29,23 @@ def test_the_start_up_log_names_the_resolved_loss():
     # Greedy rollouts: the trainer takes the model's own distribution, untruncated.
     greedy = load_config(None, ["sampling.temperature=0", "sampling.top_k=20"])
     assert "temperature 1, top_k 0, top_p 1" in describe_loss(greedy)
+
+
+async def test_close_workflow_calls_a_sync_or_async_close_once_and_skips_none():
+    calls = []
+
+    class SyncClose:
+        def close(self):
+            calls.append("sync")
+
+    class AsyncClose:
+        async def close(self):
+            await asyncio.sleep(0)
+            calls.append("async")
+
+    class NoClose:
+        close = None  # an attribute named close that is not a method is left alone
+
+    for workflow in (SyncClose(), AsyncClose(), NoClose(), object()):
+        await close_workflow(workflow)
+    assert calls == ["sync", "async"]

@@ -119,3 +119,19 @@ def test_micro_batches_pack_whole_groups_under_the_budget():
     group = [0, 1, 2, 8]
     split = shared_prefix.micro_batches(ids[group], lengths[group], torch.zeros(4), 30)
     assert sorted(p.tolist() for p in split) == [[0, 1], [2], [3]]
+
+
+def test_packed_attention_stays_under_what_padding_would_need():
+    # A FrozenLake-like group: 40 one-call samples of 110 tokens sharing 90. Padded, a
+    # micro-batch of 4096 tokens keeps at most 4096 x 110 = 450,560 attention weights per
+    # head and layer. Packed whole (90 + 40 x 20 = 890 tokens, under the token budget)
+    # it would keep 890^2 = 792,100; so the group splits where a packed row would pass
+    # sqrt(450,560) = 671 tokens: 90 + 29 x 20 = 670, then 90 + 11 x 20 = 310, and the two
+    # do not share a micro-batch (2 x 670^2 > 450,560).
+    prompt = list(range(1, 91))
+    ids = torch.tensor([prompt + [100 + i] * 20 for i in range(40)])
+    lengths = torch.full((40,), 110)
+    parts = shared_prefix.micro_batches(ids, lengths, torch.zeros(40, dtype=torch.int64), 4096)
+    assert [p.tolist() for p in parts] == [list(range(29)), list(range(29, 40))]
+    packed = [shared_prefix.pack(ids[p], lengths[p], torch.zeros(len(p))) for p in parts]
+    assert [tuple(k.input_ids.shape) for k in packed] == [(1, 670), (1, 310)]
