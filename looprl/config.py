@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_WORKFLOW = "looprl.envs:EnvWorkflow"  # what plays env.name, unless workflow.path says
+VERIFIERS_WORKFLOW = "looprl.envs.verifiers:VerifiersWorkflow"  # what plays task.name=verifiers
 
 
 class ConfigError(ValueError):
@@ -253,23 +254,30 @@ class GatewayConfig(Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
+TaskName = Literal["arithmetic", "jsonl", "parquet", "hf", "reasoning_gym", "env", "verifiers"]
+
+
 class TaskConfig(Section):
-    name: Literal["arithmetic", "jsonl", "parquet", "hf", "reasoning_gym", "env"] = Field(
+    name: TaskName = Field(
         "arithmetic",
         description="Built-in task, a dataset read from files, 'reasoning_gym': one of "
-        "reasoning-gym's procedural datasets (task.dataset), scored by its own verifier, or "
+        "reasoning-gym's procedural datasets (task.dataset), scored by its own verifier, "
         "'env': episodes of env.name, one row per seed (train seeds task.seed x 2,000,000 + "
         "i, held-out ones 1,000,000 above them: unseen seeds; sizes task.train_size and "
-        "task.eval_size); the default when env.name is set.",
+        "task.eval_size); the default when env.name is set, or 'verifiers': the rows of the "
+        "verifiers environment task.dataset (its dataset, and its eval_dataset held out), "
+        "played and scored by the environment itself (what env.name=verifiers:ID sets).",
     )
     dataset: str | None = Field(
         None,
-        description="reasoning_gym: the dataset's name, e.g. basic_arithmetic or leg_counting.",
+        description="reasoning_gym: the dataset's name, e.g. basic_arithmetic or "
+        "leg_counting; verifiers: the environment's id (the module verifiers imports).",
     )
     dataset_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="reasoning_gym: keyword arguments for the dataset's config, e.g. "
-        "{min_animals: 1, max_animals: 3} for leg_counting.",
+        "{min_animals: 1, max_animals: 3} for leg_counting; verifiers: keyword arguments "
+        "for the environment's load_environment.",
     )
     answer_format: Literal["tags", "last_line", "last_number"] = Field(
         "last_number",
@@ -285,7 +293,9 @@ class TaskConfig(Section):
         5000, ge=1, description="arithmetic, reasoning_gym: problems in the train split."
     )
     eval_size: int = Field(
-        200, ge=1, description="arithmetic, reasoning_gym: problems in the held-out split."
+        200,
+        ge=1,
+        description="arithmetic, reasoning_gym, verifiers: problems in the held-out split.",
     )
     train_path: str | None = Field(
         None,
@@ -318,10 +328,17 @@ class TaskConfig(Section):
             raise ValueError(
                 "task.name=reasoning_gym needs task.dataset, e.g. task.dataset=leg_counting"
             )
-        if self.name != "reasoning_gym" and (self.dataset or self.dataset_kwargs):
+        if self.name == "verifiers" and not self.dataset:
+            raise ValueError(
+                "task.name=verifiers needs the environment's id in task.dataset; or set "
+                "env.name=verifiers:ID"
+            )
+        if self.name not in ("reasoning_gym", "verifiers") and (
+            self.dataset or self.dataset_kwargs
+        ):
             raise ValueError(
                 f"task.dataset={self.dataset!r} / task.dataset_kwargs are read by "
-                f"task.name=reasoning_gym only, not {self.name}; remove them"
+                f"task.name=reasoning_gym and verifiers only, not {self.name}; remove them"
             )
         return self
 
@@ -460,7 +477,9 @@ class EnvConfig(Section):
         "textarena:GuessTheNumber-v0) or 'package.module:factory' for your own env (an "
         "object with reset(seed, options) -> text and step(text) -> (text, reward, done, "
         "info)). Setting it makes task.name=env and workflow.path=looprl.envs:EnvWorkflow "
-        "the defaults.",
+        "the defaults. 'verifiers:ID' (a verifiers environment, which plays its own "
+        "rollouts) stands for task.name=verifiers task.dataset=ID task.dataset_kwargs="
+        "<env.kwargs> and workflow.path=looprl.envs.verifiers:VerifiersWorkflow.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -506,6 +525,46 @@ class EnvConfig(Section):
         description="A reset or step running longer ends its episode (EnvTimedOut); its "
         "worker is killed and replaced.",
     )
+    frames_every: int = Field(
+        0,
+        ge=0,
+        description="Save what the env showed (its frame at reset and after each step, as "
+        "an animated GIF RUN_DIR/frames/<session_id>.gif, the session_id of the episode's "
+        "rows in the trajectory files) for one episode in every N this run plays, "
+        "held-out ones included; 0: none. The env is built with render_mode='rgb_array' "
+        "(Gymnasium's convention) and MUJOCO_GL is picked as `looprl doctor` shows unless "
+        "set; a render that fails is logged with doctor's diagnosis and the episodes go "
+        "on without frames.",
+    )
+    frames_max_per_episode: int = Field(
+        100,
+        ge=2,
+        description="Most frames kept of a saved episode: past it the step between kept "
+        "frames doubles (every other one is dropped), so a long episode is shown whole, "
+        "its last frame last; frames are downscaled to at most 240 pixels a side.",
+    )
+
+
+def _verifiers_task(env: dict, task: dict, env_id: str) -> tuple[dict, dict]:
+    """env.name=verifiers:ID as the task it stands for: (the env section left, the task)."""
+    name = env["name"]
+    if not env_id:
+        raise ValueError(f"env.name={name!r} needs the environment's id after 'verifiers:'")
+    others = sorted(set(env) - {"name", "kwargs"})
+    if others:
+        raise ValueError(
+            f"env.{others[0]} is for environments played turn by turn; a verifiers "
+            f"environment (env.name={name}) plays its own rollouts: remove "
+            + ", ".join(f"env.{field}" for field in others)
+        )
+    if task.get("name", "verifiers") != "verifiers" or {"dataset", "dataset_kwargs"} & set(task):
+        raise ValueError(
+            f"env.name={name} sets task.name=verifiers task.dataset={env_id} and "
+            "task.dataset_kwargs=<env.kwargs>; remove task.name / task.dataset / "
+            "task.dataset_kwargs"
+        )
+    task = {**task, "name": "verifiers", "dataset": env_id, "dataset_kwargs": env.get("kwargs", {})}
+    return {}, task
 
 
 class WorkflowConfig(Section):
@@ -973,16 +1032,21 @@ class Config(Section):
     @model_validator(mode="before")
     @classmethod
     def _env_name_picks_task_and_workflow(cls, data: Any) -> Any:
-        """With env.name set, task.name and workflow.path default to the env's."""
+        """With env.name set, task.name and workflow.path default to the env's; a
+        verifiers environment (env.name=verifiers:ID) becomes the task it stands for."""
         env = data.get("env") if isinstance(data, dict) else None
         if not (isinstance(env, dict) and env.get("name")):
             return data
         task, workflow = data.get("task", {}), data.get("workflow", {})
         data = dict(data)
-        if isinstance(task, dict) and "name" not in task:
+        prefix, _, env_id = str(env["name"]).partition(":")
+        if prefix == "verifiers" and isinstance(task, dict):
+            data["env"], data["task"] = _verifiers_task(env, task, env_id)
+        elif isinstance(task, dict) and "name" not in task:
             data["task"] = {**task, "name": "env"}
         if isinstance(workflow, dict) and not {"path", "mode"} & set(workflow):
-            data["workflow"] = {**workflow, "path": ENV_WORKFLOW}
+            played_by = VERIFIERS_WORKFLOW if prefix == "verifiers" else ENV_WORKFLOW
+            data["workflow"] = {**workflow, "path": played_by}
         return data
 
     @model_validator(mode="after")
@@ -1003,6 +1067,12 @@ class Config(Section):
             raise ValueError(
                 f"task.name=env rows are seeds, which workflow.path={rlvr} cannot play; use "
                 f"workflow.path={ENV_WORKFLOW} (the default with env.name) or your own"
+            )
+        if self.task.name == "verifiers" and plays_rows:
+            raise ValueError(
+                f"task.name=verifiers rows are played and scored by their environment, which "
+                f"workflow.path={rlvr} cannot do; use workflow.path={VERIFIERS_WORKFLOW} (the "
+                "default with env.name=verifiers:ID) or your own"
             )
         return self
 

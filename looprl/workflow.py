@@ -23,7 +23,7 @@ import httpx
 from openai import AsyncOpenAI
 
 from looprl.agent_process import AgentProcess
-from looprl.config import ENV_WORKFLOW, Config
+from looprl.config import ENV_WORKFLOW, VERIFIERS_WORKFLOW, Config
 from looprl.rewards import FunctionReward, Reward, build_reward
 from looprl.types import EpisodeReward
 
@@ -156,7 +156,9 @@ def configured_workflow(cfg: Config, task, reward: Reward | None = None) -> Work
     """The workflow `cfg.workflow` names: a program per rollout (subprocess mode), or
     the object at workflow.path; the built-in RLVRWorkflow gets `reward` (else the one
     `reward.type` names for `task`), the task's prompt field and system prompt unless
-    workflow.kwargs set them; looprl.envs:EnvWorkflow gets the env section."""
+    workflow.kwargs set them; looprl.envs:EnvWorkflow gets the env section and the run
+    dir (for env.frames_every), and looprl.envs.verifiers:VerifiersWorkflow the
+    verifiers environment task.dataset names."""
     kwargs = dict(cfg.workflow.kwargs)
     if cfg.workflow.mode == "subprocess":
         return AgentProcess(cfg.workflow.command, **kwargs)
@@ -166,5 +168,7 @@ def configured_workflow(cfg: Config, task, reward: Reward | None = None) -> Work
         kwargs.setdefault("prompt_field", task.prompt_field)
         kwargs.setdefault("system_prompt", task.system_prompt)
     if cfg.workflow.path == ENV_WORKFLOW:  # the env section, unless workflow.kwargs say
-        kwargs = {**cfg.env.model_dump(), **kwargs}
+        kwargs = {**cfg.env.model_dump(), "run_dir": str(cfg.run_dir), **kwargs}
+    if cfg.workflow.path == VERIFIERS_WORKFLOW:
+        kwargs = {"env_id": cfg.task.dataset, "env_kwargs": cfg.task.dataset_kwargs, **kwargs}
     return resolve_workflow(cfg.workflow.path, kwargs)

@@ -4,42 +4,26 @@ Owns the checks: torch and CUDA, the CPU (kind, ISA flags) and the precision `au
 picks for the engine and the trainer with the cost of forcing the other, GPUs visible
 vs what the config uses, NCCL variables, the Ray address and the IP a node would
 announce, the gateway port, disk space for checkpoints, and simulator rendering
-(MUJOCO_GL, NVIDIA EGL, glvnd, Vulkan, OSMesa).
-Each returns a `Check`; nothing here changes the machine.
+(looprl/diagnostics/rendering.py: NVIDIA EGL, Vulkan, MUJOCO_GL as set or as env workers
+pick it, pygame). Each returns a `Check`; nothing here changes the machine.
 """
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 import shutil
 import socket
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from looprl import precision, runtime
 from looprl.config import Config
+from looprl.diagnostics.checks import Check
+from looprl.diagnostics.rendering import check_rendering
 from looprl.models import model_config
 
-Status = Literal["ok", "warn", "fail"]
-
-EGL_VENDOR_FILES = (
-    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
-    "/etc/glvnd/egl_vendor.d/10_nvidia.json",
-)
-VULKAN_ICD_FILES = ("/usr/share/vulkan/icd.d/nvidia_icd.json", "/etc/vulkan/icd.d/nvidia_icd.json")
 MIN_FREE_GB = 5.0
-
-
-@dataclass
-class Check:
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
 
 
 def run_checks(cfg: Config) -> list[Check]:
@@ -229,77 +213,3 @@ def check_disk(fileroot: Path) -> Check:
             "free space, point run.fileroot at a larger disk, or lower checkpoint.keep_last",
         )
     return Check("disk", "ok", f"{free_gb:.0f} GB free under {existing}")
-
-
-def check_rendering() -> list[Check]:
-    """Headless rendering for simulator environments (MuJoCo, robotics)."""
-    mujoco_gl = os.environ.get("MUJOCO_GL")
-    egl = ctypes.util.find_library("EGL_nvidia") or _loadable("libEGL_nvidia.so.0")
-    vendor = next((f for f in EGL_VENDOR_FILES if Path(f).is_file()), None)
-    vulkan = next((f for f in VULKAN_ICD_FILES if Path(f).is_file()), None)
-    osmesa = ctypes.util.find_library("OSMesa")
-    checks = []
-    if egl and vendor:
-        checks.append(Check("EGL", "ok", f"libEGL_nvidia.so.0 and {vendor}"))
-    else:
-        missing = [
-            n for n, ok in (("libEGL_nvidia.so.0", egl), ("glvnd vendor file", vendor)) if not ok
-        ]
-        checks.append(
-            Check(
-                "EGL",
-                "warn",
-                "no GPU rendering: "
-                + " and ".join(missing)
-                + " not found (only simulators need it)",
-                "on a GPU machine install the NVIDIA driver's EGL library and "
-                f"{EGL_VENDOR_FILES[0]}; without a GPU render with MUJOCO_GL=osmesa "
-                "(apt install libosmesa6)",
-            )
-        )
-    checks.append(
-        Check("Vulkan", "ok", f"ICD {vulkan}")
-        if vulkan
-        else Check(
-            "Vulkan",
-            "warn",
-            "no NVIDIA Vulkan ICD file",
-            "install the NVIDIA driver's Vulkan ICD (only simulators using Vulkan need it)",
-        )
-    )
-    if mujoco_gl == "egl" and not (egl and vendor):
-        checks.append(
-            Check(
-                "MUJOCO_GL",
-                "fail",
-                "MUJOCO_GL=egl but EGL is missing (see above)",
-                "set MUJOCO_GL=osmesa, or install the NVIDIA EGL library",
-            )
-        )
-    elif mujoco_gl == "osmesa" and not osmesa:
-        checks.append(
-            Check(
-                "MUJOCO_GL",
-                "fail",
-                "MUJOCO_GL=osmesa but libOSMesa is not installed",
-                "apt install libosmesa6",
-            )
-        )
-    else:
-        checks.append(
-            Check(
-                "MUJOCO_GL",
-                "ok",
-                f"MUJOCO_GL={mujoco_gl or '(unset)'}; OSMesa "
-                + ("found" if osmesa else "not installed"),
-            )
-        )
-    return checks
-
-
-def _loadable(name: str) -> bool:
-    try:
-        ctypes.CDLL(name)
-    except OSError:
-        return False
-    return True

@@ -3,8 +3,9 @@ terminal.
 
 Prints the header (step, group, reward, advantage, staleness, policy version), each chat
 call's messages and reply, then the token sequence coloured by the loss mask (sampled
-tokens highlighted, prompt tokens dim), with errors and concatenation breaks in red. Reads
-only what trajectory_files.py writes; knows nothing of training.
+tokens highlighted, prompt tokens dim), with errors and concatenation breaks in red, and
+the episode's frames file when env.frames_every saved one. Reads only what
+trajectory_files.py and envs/frames.py write; knows nothing of training.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.rule import Rule
 from rich.text import Text
 
+from looprl.envs.frames import frame_path
 from looprl.trajectory_files import TrajectoryFileError, list_steps, read_step
 
 # Alternating backgrounds, so that neighbouring sampled tokens show as two tokens.
@@ -66,6 +68,9 @@ def show_rollout(
     path, row, count = pick_rollout(run_dir, step=step, index=index, group=group)
     console.print(Rule(f"{path.name}: row {index} of {count}"))
     console.print(header(row))
+    frames = frame_path(run_dir, row["session_id"])
+    if frames.is_file():  # saved by env.frames_every
+        console.print(Text(f"frames: {frames}", style="cyan"))
     for k, call in enumerate(row["calls"]):
         console.print(Rule(f"call {k + 1}: {call['completion_id']}", style="cyan"))
         for message in call["messages"]:

@@ -1,5 +1,7 @@
-"""Environments: one contract (base.py), adapters (gymnasium.py, textarena.py), worker
-processes they run in (workers.py) and the workflow that plays them (workflow.py).
+"""Environments: one contract (base.py), adapters (gymnasium.py, textarena.py,
+skyrl.py), worker processes they run in (workers.py) and the workflow that plays them
+(workflow.py). verifiers.py is the exception: a verifiers environment brings its rows,
+rollouts and rubric, and its own workflow plays them.
 
 The names are imported on first use, so that a worker process imports only what its
 environment needs.

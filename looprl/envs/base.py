@@ -9,7 +9,8 @@ An environment is any object with
 
 Either method may be async. An environment that cannot parse an action raises
 `InvalidAction` with a message that says why and what is allowed, and leaves its state
-unchanged. SkyRL-Gym-style text environments are this shape already.
+unchanged. SkyRL-Gym text environments (init/step over chat messages) are adapted by
+looprl/envs/skyrl.py.
 
 Errors, as the workflow sees them (workers.py raises all but InvalidAction):
 
@@ -66,16 +67,21 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None) -> Env:
     - `gymnasium:ID` (e.g. `gymnasium:FrozenLake-v1`): a Gymnasium env in words
       (looprl/envs/gymnasium.py);
     - `textarena:ID` (e.g. `textarena:GuessTheNumber-v0`): a single-player TextArena game;
+    - `skyrl:ID` (e.g. `skyrl:gsm8k_multi_turn`) or `skyrl:package.module:Class`: a
+      SkyRL-Gym text env (looprl/envs/skyrl.py);
     - `module:factory`: your own, `factory(**kwargs)` returning an object with reset/step.
+
+    (`verifiers:ID` is not one: a verifiers environment plays its own rollouts, see
+    looprl/envs/verifiers.py.)
     """
     kwargs = dict(kwargs or {})
     prefix, sep, rest = name.partition(":")
     if not sep or not prefix or not rest:
         raise ValueError(
-            f"env.name={name!r} must look like 'gymnasium:ID', 'textarena:ID' or "
+            f"env.name={name!r} must look like 'gymnasium:ID', 'textarena:ID', 'skyrl:ID' or "
             "'package.module:factory'"
         )
-    if prefix in ("gymnasium", "textarena"):
+    if prefix in ("gymnasium", "textarena", "skyrl"):
         try:
             adapter = importlib.import_module(f"looprl.envs.{prefix}")
         except ImportError as e:

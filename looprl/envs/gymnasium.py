@@ -12,6 +12,17 @@ actions (the first action word of the reply is taken):
 - CliffWalking-v1: where you are, the goal, the cliff; actions up, right, down, left;
   success: the goal reached.
 
+Two simulators keep a pole upright on a cart, read as the cart's place and speed and the
+pole's lean and tipping speed in metres and degrees, left or right; actions left, right
+(push the cart that way); reward 1 per step; success: the pole still up when the episode
+ends (by env.max_turns or the env's own step limit):
+
+- CartPole-v1 (classic control; renders with pygame): falls past 12 degrees or when the
+  cart leaves its 2.4 m track.
+- InvertedPendulum-v5 (MuJoCo): its continuous force is played as a push of
+  INVERTED_PENDULUM_FORCE either way (a bang-bang controller can balance it); falls past
+  0.2 rad (11.5 degrees); the cart's rail ends 1 m either side.
+
 Rows and columns count from 1. FrozenLake is not slippery unless `is_slippery: true`
 (learnable by a small model), and `random_map_size: N` draws a new N x N map per seed
 (gymnasium's generate_random_map), so held-out seeds are unseen maps. FrozenLake's
@@ -20,7 +31,8 @@ goal around the holes (breadth-first), -c for one that lengthens it, -2c for fal
 a hole (a shortest walk still earns the most, so the best policy stays the same;
 success still means the goal reached). Any other ID with
 a Discrete action space plays with numbered actions and the observation as JSON.
-`kwargs` go to `gymnasium.make`.
+`kwargs` go to `gymnasium.make`; `render()` returns the env's frame (built with
+render_mode="rgb_array", as env.frames_every does).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ class TextView:
     actions: tuple[str, ...]  # action words, in the env's action order
     describe: Callable[[Any, Any], str]  # (unwrapped env, observation) -> text
     success: Callable[[float, bool], bool]  # (last reward, terminated) -> success
+    controls: tuple[Any, ...] = ()  # a continuous env's action per word (else Discrete)
 
 
 def _reply_with(actions: tuple[str, ...]) -> str:
@@ -154,12 +167,68 @@ def describe_cliff_walking(env, observation: int) -> str:
     )
 
 
+POLE_ACTIONS = ("left", "right")
+# A tenth of its [-3, 3]: pushing the way the pole leans then keeps it up ~170 steps (at
+# full force it overshoots and falls in ~5), and a constant push topples it in 7, as in
+# CartPole (9).
+INVERTED_PENDULUM_FORCE = 0.3
+
+
+def _side(value: float) -> str:
+    return "left" if value < 0 else "right"
+
+
+def describe_pole(
+    position_m: float,
+    track_m: float,
+    velocity_m_s: float,
+    angle_rad: float,
+    fall_deg: float,
+    angular_velocity_rad_s: float,
+) -> str:
+    """A cart and its pole in words; positive is right (x, and the pole's lean)."""
+    angle_deg = float(np.degrees(angle_rad))
+    turn_deg_s = float(np.degrees(angular_velocity_rad_s))
+    return (
+        "You balance a pole on a cart by pushing the cart left or right. The cart is "
+        f"{abs(position_m):.2f} m {_side(position_m)} of the centre of its track (which "
+        f"ends {track_m:g} m either side) and moves {_side(velocity_m_s)} at "
+        f"{abs(velocity_m_s):.2f} m/s. The pole leans {abs(angle_deg):.1f} degrees "
+        f"{_side(angle_deg)} (it falls at {fall_deg:g} degrees) and tips {_side(turn_deg_s)} "
+        f"at {abs(turn_deg_s):.1f} degrees per second. " + _reply_with(POLE_ACTIONS)
+    )
+
+
+def describe_cart_pole(env, observation) -> str:
+    """CartPole: observation (x, x', theta, theta'), theta > 0 leaning right."""
+    x, velocity, angle, turn = (float(v) for v in observation)
+    fall_deg = round(float(np.degrees(env.theta_threshold_radians)))
+    return describe_pole(x, env.x_threshold, velocity, angle, fall_deg, turn)
+
+
+def describe_inverted_pendulum(env, observation) -> str:
+    """InvertedPendulum: observation (x, theta, x', theta'), theta > 0 leaning right (+x)."""
+    x, angle, velocity, turn = (float(v) for v in observation)
+    track_m = float(env.model.jnt_range[0][1])  # the slider joint's limit
+    return describe_pole(x, track_m, velocity, angle, 11.5, turn)
+
+
 VIEWS = {
     "FrozenLake": TextView(FROZEN_LAKE_ACTIONS, describe_frozen_lake, lambda r, t: r > 0),
     "FrozenLake8x8": TextView(FROZEN_LAKE_ACTIONS, describe_frozen_lake, lambda r, t: r > 0),
     "Taxi": TextView(TAXI_ACTIONS, describe_taxi, lambda r, t: t),
     "Blackjack": TextView(BLACKJACK_ACTIONS, describe_blackjack, lambda r, t: r > 0),
     "CliffWalking": TextView(CLIFF_ACTIONS, describe_cliff_walking, lambda r, t: t),
+    "CartPole": TextView(POLE_ACTIONS, describe_cart_pole, lambda r, t: not t),
+    "InvertedPendulum": TextView(
+        POLE_ACTIONS,
+        describe_inverted_pendulum,
+        lambda r, t: not t,
+        controls=(
+            np.array([-INVERTED_PENDULUM_FORCE], np.float32),
+            np.array([INVERTED_PENDULUM_FORCE], np.float32),
+        ),
+    ),
 }
 
 
@@ -218,7 +287,10 @@ class GymnasiumEnv:
 
     def step(self, action_text: str) -> StepResult:
         index = parse_action(action_text, self.view.actions)
-        action = int(self.env.action_space.start) + index  # a Discrete space may not start at 0
+        if self.view.controls:
+            action = self.view.controls[index]
+        else:
+            action = int(self.env.action_space.start) + index  # a Discrete may not start at 0
         observation, reward, terminated, truncated, info = self.env.step(action)
         if self.distance_reward:
             reward = float(reward) + self.shaping(self.state, observation)
@@ -239,6 +311,10 @@ class GymnasiumEnv:
         if end not in self.distances:  # a hole (or a tile cut off from the goal)
             return -2 * self.distance_reward
         return self.distance_reward * (self.distances[start] - self.distances[end])
+
+    def render(self) -> Any:
+        """The env's frame: an (H, W, 3) uint8 array when built with render_mode="rgb_array"."""
+        return self.env.render()
 
 
 def make(env_id: str, **kwargs: Any) -> GymnasiumEnv:

@@ -17,6 +17,14 @@ Failures end only the episode that caused them, and are counted (`counts`):
   an episode whose replay does not give back the observations it saw (the env is not
   deterministic) ends with EnvCrashed.
 
+Frames (`max_frames` > 0, env.frames_every): the envs are built with
+render_mode="rgb_array" (and MUJOCO_GL set as looprl/diagnostics/rendering.py picks it,
+unless the user set it), an episode reset with `record=True` renders after its reset
+and each step (looprl/envs/frames.py), and `Episode.save_frames(path)` has its worker
+write them as a GIF. A render that fails stops that worker's rendering; it is logged once
+with `looprl doctor`'s diagnosis, and every recorded episode without frames is counted
+(`counts["frames_failed"]`), never raised: the episodes go on.
+
 Concurrency contract: all calls come from one event loop. A worker's lock is held for
 one request and its reply (and a replay before it); the reply is awaited with the loop's
 reader on the pipe, never a blocking read. `close()` (synchronous) closes the pipes, and
@@ -39,8 +47,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+from looprl.diagnostics import rendering
 from looprl.envs.base import (
     EnvCrashed,
     EnvError,
@@ -50,6 +60,7 @@ from looprl.envs.base import (
     StepResult,
     make_env,
 )
+from looprl.envs.frames import EpisodeFrames
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +71,19 @@ class EnvWorkers:
     """`n_workers` processes playing `make_env(name, kwargs)` episodes."""
 
     def __init__(
-        self, name: str, kwargs: dict[str, Any], n_workers: int, step_timeout_s: float
+        self,
+        name: str,
+        kwargs: dict[str, Any],
+        n_workers: int,
+        step_timeout_s: float,
+        max_frames: int = 0,
     ) -> None:
         self.name, self.kwargs = name, dict(kwargs)
         self.step_timeout_s = step_timeout_s
-        self.counts: Counter[str] = Counter()  # crashed, timed_out, failed, restarts
+        self.max_frames = max_frames  # frames kept per recorded episode; 0: no rendering
+        # crashed, timed_out, failed, restarts; frames_saved (episodes), frames_dropped
+        # (frames past max_frames), frames_failed (recorded episodes left without frames)
+        self.counts: Counter[str] = Counter()
         self._ids = itertools.count()
         self._workers = [_Worker(self, i) for i in range(n_workers)]
 
@@ -97,6 +116,16 @@ class EnvWorkers:
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""
+        recorded = self.counts["frames_saved"] + self.counts["frames_failed"]
+        if recorded and any(w.process is not None for w in self._workers):
+            log.info(
+                "env %s: frames of %d episodes saved, %d frames dropped past "
+                "env.frames_max_per_episode, %d recorded episodes left without frames",
+                self.name,
+                self.counts["frames_saved"],
+                self.counts["frames_dropped"],
+                self.counts["frames_failed"],
+            )
         for worker in self._workers:
             worker.stop()
 
@@ -111,6 +140,24 @@ class EnvWorkers:
             )
         self.counts[kind] += 1
 
+    def _count_frames(self, reply: dict) -> int:
+        """Count one recorded episode's frames (the worker's reply to "frames")."""
+        if "failed" in reply:
+            if not self.counts["frames_failed"]:
+                diagnosis = reply.get("diagnosis")
+                log.warning(
+                    "env %s: an episode's frames were not saved (%s), so episodes go on "
+                    "without them; later ones are counted as frames_failed.%s",
+                    self.name,
+                    reply["failed"],
+                    f" looprl doctor says: {diagnosis}" if diagnosis else "",
+                )
+            self.counts["frames_failed"] += 1
+            return 0
+        self.counts["frames_saved"] += 1
+        self.counts["frames_dropped"] += reply["dropped"]
+        return reply["frames"]
+
 
 class Episode:
     """One episode's calls. It remembers its seed and actions, so that a worker restarted
@@ -121,11 +168,15 @@ class Episode:
         self.generation = -1  # the worker generation holding this episode's env
         self.seed: int | None = None
         self.options: dict | None = None
+        self.record = False  # whether its frames are recorded (for save_frames)
         self.played: list[tuple[str, str]] = []  # (action, observation) accepted so far
 
-    async def reset(self, seed: int, options: dict | None = None) -> str:
+    async def reset(self, seed: int, options: dict | None = None, record: bool = False) -> str:
+        """Start the episode; `record` renders its frames (the pool's max_frames > 0)."""
         self.seed, self.options, self.played = seed, options, []
-        reply = await self.worker.call(self, {"op": "reset", "seed": seed, "options": options})
+        self.record = record and self.worker.pool.max_frames > 0
+        message = {"op": "reset", "seed": seed, "options": options, "record": self.record}
+        reply = await self.worker.call(self, message)
         return reply["observation"]
 
     async def step(self, action_text: str) -> StepResult:
@@ -134,6 +185,15 @@ class Episode:
         reply = await self.worker.call(self, {"op": "step", "action": action_text})
         self.played.append((action_text, reply["observation"]))
         return reply["observation"], reply["reward"], reply["done"], reply["info"]
+
+    async def save_frames(self, path: Path) -> int:
+        """Write the frames recorded since `reset(record=True)` to `path` (a GIF); returns
+        how many. A failure (rendering, the write, the worker) is counted, never raised."""
+        try:
+            reply = await self.worker.call(self, {"op": "frames", "path": str(path)})
+        except EnvError as e:
+            reply = {"failed": f"{type(e).__name__}: {e}"}
+        return self.worker.pool._count_frames(reply)
 
 
 class _Worker:
@@ -152,7 +212,13 @@ class _Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=serve,
-            args=(child, self.pool.name, json.dumps(self.pool.kwargs), os.getpid()),
+            args=(
+                child,
+                self.pool.name,
+                json.dumps(self.pool.kwargs),
+                os.getpid(),
+                self.pool.max_frames,
+            ),
             name=f"looprl-env-{self.index}",
             daemon=True,
         )
@@ -185,7 +251,7 @@ class _Worker:
 
     async def call(self, episode: Episode, message: dict) -> dict:
         async with self.lock:
-            replay = episode.generation != self.generation and message["op"] == "step"
+            replay = episode.generation != self.generation and message["op"] != "reset"
             episode.generation = self.generation
             if replay:
                 await self._replay(episode)
@@ -200,7 +266,12 @@ class _Worker:
 
     async def _replay(self, episode: Episode) -> None:
         """Rebuild `episode`'s env on this (restarted) worker from its seed and actions."""
-        reset = {"op": "reset", "seed": episode.seed, "options": episode.options}
+        reset = {
+            "op": "reset",
+            "seed": episode.seed,
+            "options": episode.options,
+            "record": episode.record,
+        }
         try:
             await self._request({**reset, "episode": episode.id})
             seen = []
@@ -319,10 +390,14 @@ class _Worker:
         self.process = None
 
 
-def serve(conn, name: str, kwargs_json: str, parent_pid: int) -> None:
+def serve(conn, name: str, kwargs_json: str, parent_pid: int, max_frames: int = 0) -> None:
     """A worker's main loop: build one env (the start check), then answer requests."""
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     kwargs = json.loads(kwargs_json)
+    if max_frames:  # the envs render (Gymnasium's convention), headless
+        rendering.use_headless_rendering()
+        kwargs["render_mode"] = "rgb_array"
+    frames = EpisodeFrames(max_frames)
     loop = asyncio.new_event_loop()  # for envs whose methods are async
 
     def call(fn, *args):
@@ -336,7 +411,7 @@ def serve(conn, name: str, kwargs_json: str, parent_pid: int) -> None:
     try:
         make_env(name, kwargs)
     except Exception as e:
-        send({"error": f"{type(e).__name__}: {e}"})
+        send({"error": f"{type(e).__name__}: {e}{_rendering_hint(max_frames)}"})
         return
     send({"ready": True})
     while True:
@@ -349,17 +424,32 @@ def serve(conn, name: str, kwargs_json: str, parent_pid: int) -> None:
             if op == "reset":
                 envs[episode] = env = envs.get(episode) or make_env(name, kwargs)
                 observation = call(env.reset, message["seed"], message["options"])
+                frames.start(episode, env, message.get("record", False))
                 send({"observation": _text(observation, "reset()")})
             elif op == "step":
-                send(_step_reply(call(envs[episode].step, message["action"])))
+                reply = _step_reply(call(envs[episode].step, message["action"]))
+                frames.capture(episode, envs[episode])
+                send(reply)
+            elif op == "frames":
+                send(frames.save(episode, message["path"]))
             else:  # drop
                 envs.pop(episode, None)
+                frames.drop(episode)
                 send({})
         except InvalidAction as e:
             send({"invalid": str(e)})
         except Exception as e:
             envs.pop(episode, None)  # in an unknown state
             send({"error": f"{type(e).__name__}: {e}"})
+
+
+def _rendering_hint(max_frames: int) -> str:
+    """What to add to an env's build error about rendering: how frames build it, and the
+    rendering checks of `looprl doctor` that fail here (a MUJOCO_GL without its library
+    breaks `import mujoco`)."""
+    hint = " (env.frames_every > 0 builds it with render_mode='rgb_array')" if max_frames else ""
+    diagnosis = rendering.diagnose(failures_only=True)
+    return hint + (f"; looprl doctor says: {diagnosis}" if diagnosis else "")
 
 
 def _text(value: Any, where: str) -> str:

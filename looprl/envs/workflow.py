@@ -13,6 +13,11 @@ its group's statistics and filtering see. It returns an EpisodeReward with `succ
 the env's own `info["success"]` at the end, else episode return > 0 (what held-out
 accuracy counts).
 
+Frames (env.frames_every = N > 0): one episode in N is reset with `record=True` and its
+frames are saved when it ends, in `RUN_DIR/frames/<session_id>.gif` (frames.py), the
+session id being the gateway's (base_url ends /sessions/{id}/v1), which the episode's
+rows in the trajectory files hold.
+
 Owns: the turn loop and the credit. The envs run in worker processes (workers.py), which
 start when the workflow is built (so a wrong env.name fails at once) and stop at
 `close()`.
@@ -20,6 +25,8 @@ start when the workflow is built (so a wrong env.name fails at once) and stop at
 
 from __future__ import annotations
 
+import itertools
+import logging
 from typing import Any
 
 import httpx
@@ -27,8 +34,11 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from looprl.config import EnvConfig
 from looprl.envs.base import InvalidAction
+from looprl.envs.frames import frame_path, frames_dir
 from looprl.envs.workers import EnvWorkers
 from looprl.types import EpisodeReward
+
+log = logging.getLogger(__name__)
 
 
 def returns_to_go(rewards: list[float], discount: float) -> list[float]:
@@ -54,16 +64,31 @@ def _http_client() -> httpx.AsyncClient:
 
 class EnvWorkflow:
     """Plays episodes of `name` (see EnvConfig in looprl/config.py for every field); a
-    dataset row is `{"seed": N}` (task.name=env), with optional reset `options`."""
+    dataset row is `{"seed": N}` (task.name=env), with optional reset `options`.
+    `run_dir` is where env.frames_every saves frames (configured_workflow passes it)."""
 
-    def __init__(self, **fields: Any):
+    def __init__(self, run_dir: str | None = None, **fields: Any):
         self.cfg = EnvConfig(**fields)
         if not self.cfg.name:
             raise ValueError("EnvWorkflow needs env.name, e.g. env.name=gymnasium:FrozenLake-v1")
+        if self.cfg.frames_every and run_dir is None:
+            raise ValueError(
+                f"env.frames_every={self.cfg.frames_every} saves frames in the run dir: "
+                "give EnvWorkflow(run_dir=...), or set env.frames_every=0"
+            )
+        self.run_dir = run_dir
+        self.episodes = itertools.count()  # episodes begun, for env.frames_every
+        max_frames = self.cfg.frames_max_per_episode if self.cfg.frames_every else 0
         self.workers = EnvWorkers(
-            self.cfg.name, self.cfg.kwargs, self.cfg.workers, self.cfg.step_timeout_s
+            self.cfg.name, self.cfg.kwargs, self.cfg.workers, self.cfg.step_timeout_s, max_frames
         )
         self.workers.start()
+        if self.cfg.frames_every:
+            log.info(
+                "Saving the frames of one env episode in %d to %s/<session_id>.gif",
+                self.cfg.frames_every,
+                frames_dir(run_dir),
+            )
 
     def __repr__(self) -> str:
         return f"EnvWorkflow({self.cfg.name})"
@@ -87,7 +112,9 @@ class EnvWorkflow:
                 http_client=_http_client(),
             ) as client,
         ):
-            observation = await env.reset(int(data["seed"]), data.get("options"))
+            every = cfg.frames_every
+            record = bool(every) and next(self.episodes) % every == 0
+            observation = await env.reset(int(data["seed"]), data.get("options"), record=record)
             prompt = observation
             for _ in range(cfg.max_turns):
                 response = await client.chat.completions.create(
@@ -105,6 +132,9 @@ class EnvWorkflow:
                 if done:
                     success = info.get("success")
                     break
+            if record:
+                session_id = base_url.rstrip("/").split("/")[-2]  # .../sessions/{id}/v1
+                await env.save_frames(frame_path(self.run_dir, session_id))
         total = sum(reward for _, reward in credit)
         to_go = returns_to_go([reward for _, reward in credit], cfg.discount)
         return EpisodeReward(

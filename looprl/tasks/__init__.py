@@ -2,9 +2,10 @@
 
 `load_task(cfg)` returns a Task (train rows, held-out rows, reward function) for the
 `task` section of the config: the generated `arithmetic` problems, reasoning-gym's
-procedural datasets, an environment's seeds (`env`), or rows read from JSONL/Parquet
-files or a Hugging Face dataset, scored by a reward function (`reward.type=function`;
-looprl/rewards has the others).
+procedural datasets, an environment's seeds (`env`), a verifiers environment's rows
+(`verifiers`, scored by its rubric), or rows read from JSONL/Parquet files or a Hugging
+Face dataset, scored by a reward function (`reward.type=function`; looprl/rewards has
+the others).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def load_task(cfg: TaskConfig) -> Task:
 
         train, held_out = env_seeds.make_splits(cfg)
         return Task(train, held_out, env_seeds.no_reward_function, "seed", cfg.system_prompt)
+    if cfg.name == "verifiers":
+        from looprl.envs import verifiers
+
+        train, held_out = verifiers.make_splits(cfg)
+        return Task(train, held_out, verifiers.rubric_scores_rows, "prompt", cfg.system_prompt)
     if cfg.name == "reasoning_gym":
         from looprl.tasks import reasoning_gym
 

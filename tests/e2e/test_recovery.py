@@ -31,6 +31,7 @@ from looprl import checkpoint as checkpoint_io
 from tests.e2e.test_learning import EvenTokenAgent
 
 STEPS = 8
+KILLS = 6  # each attempt costs a process start and a model load: ~7 s of CI time
 
 
 def _command(model_dir: Path, root: Path, trial: str) -> list[str]:
@@ -107,7 +108,7 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        if kills < 10:
+        if kills < KILLS:
             ahead = list(range(saved_step + 1, STEPS - 1))
             event = rng.choice(["Training "] + [f"checkpoint for step {k} to" for k in ahead])
             assert _wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
@@ -127,7 +128,7 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
         if proc.returncode == 0:
             break
         assert proc.returncode == -signal.SIGKILL, out.decode()[-2000:]
-    assert kills == 10
+    assert kills == KILLS
     assert b"Resumed from" in log
     assert _train_steps(run_dir) == list(range(1, STEPS + 1))
     weights = _weights(run_dir)
@@ -158,7 +159,7 @@ def test_sigterm_saves_and_stops_after_the_step(tiny_model_dir, tmp_path):
 
 ASYNC_STEPS = 10
 MAX_HEAD_OFFPOLICYNESS = 2
-ASYNC_KILLS = 10
+ASYNC_KILLS = 6
 ROWS_PER_STEP = 4  # rollout.batch_size
 MARKS = "LOOPRL_TEST_ROLLOUT_MARKS"
 # How far the final greedy accuracy and reward on 32 held-out rows may be from the
@@ -327,9 +328,9 @@ def test_async_run_sigkilled_with_rollouts_in_flight_resumes_within_bounds(
 
     assert len(in_flight) == ASYNC_KILLS and corrupted is not None
     assert ahead and min(ahead) >= 1, f"a resumed run did not run ahead of the trainer: {ahead}"
-    # Most kills caught rollouts in flight (those at a start, before the first rollout,
-    # cannot).
-    assert sum(n > 0 for n in in_flight) >= ASYNC_KILLS - 3, in_flight
+    # At least half the kills caught rollouts in flight (those at a start, before the
+    # first rollout, cannot).
+    assert sum(n > 0 for n in in_flight) >= ASYNC_KILLS // 2, in_flight
     steps = _records(run_dir, "train")
     assert [r["step"] for r in steps] == list(range(1, ASYNC_STEPS + 1))
     assert max(r["staleness_max"] for r in steps) <= MAX_HEAD_OFFPOLICYNESS

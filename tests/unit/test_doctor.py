@@ -27,8 +27,11 @@ def test_this_machine_cpu_only_without_egl(tmp_path, monkeypatch):
     assert all(c.status != "fail" for c in checks.values())
 
 
-def test_egl_rendering_asked_for_without_egl_fails(monkeypatch):
+def test_egl_rendering_asked_for_without_egl_fails(monkeypatch, tmp_path):
+    # glvnd pointed at no vendor library: what a machine without an EGL driver looks like
+    # (this one renders with MUJOCO_GL=egl through Mesa's).
     monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.setenv("__EGL_VENDOR_LIBRARY_FILENAMES", str(tmp_path / "none.json"))
     check = _by_name(doctor.check_rendering())["MUJOCO_GL"]
     assert check.status == "fail" and "MUJOCO_GL=osmesa" in check.fix
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from looprl.config import ConfigError, load_config
 from looprl.envs.base import InvalidAction, make_env, parse_action
-from looprl.envs.gymnasium import GymnasiumEnv, describe_blackjack
+from looprl.envs.gymnasium import GymnasiumEnv, describe_blackjack, describe_cart_pole
 from looprl.envs.workflow import EnvWorkflow, returns_to_go
 from looprl.rollout.outcome import RolloutOutcome, check_reward, summarize
 from looprl.tasks import load_task
@@ -185,11 +186,33 @@ def test_cliff_walking_reads_position_goal_and_cliff():
     assert reward == -1.0 and "at row 3, column 1 " in observation
 
 
-def test_other_discrete_gymnasium_envs_play_numbered_actions():
+def test_cart_pole_reads_the_cart_and_the_pole_in_words():
+    env = GymnasiumEnv("CartPole-v1", max_episode_steps=3)
+    env.reset(seed=0)
+    state = np.array([-0.5, 0.25, 0.1, -0.2])  # x m, x' m/s, theta rad, theta' rad/s
+    assert describe_cart_pole(env.env.unwrapped, state) == (
+        "You balance a pole on a cart by pushing the cart left or right. The cart is 0.50 m "
+        "left of the centre of its track (which ends 2.4 m either side) and moves right at "
+        "0.25 m/s. The pole leans 5.7 degrees right (it falls at 12 degrees) and tips left "
+        "at 11.5 degrees per second. Reply with one word: left or right."
+    )
+    rewards = [env.step(move)[1:] for move in ("left", "right", "Left!")]
+    assert rewards[:2] == [(1.0, False, {"action": "left"}), (1.0, False, {"action": "right"})]
+    assert rewards[2] == (1.0, True, {"action": "left", "success": True})  # truncated, up
     env = GymnasiumEnv("CartPole-v1")
-    assert env.reset(seed=0).endswith("Reply with one word: 0 or 1.")
+    env.reset(seed=0)
+    for _ in range(30):  # pushed one way, the pole falls: no success
+        _, reward, done, info = env.step("right")
+        if done:
+            break
+    assert done and reward == 1.0 and info["success"] is False
+
+
+def test_other_discrete_gymnasium_envs_play_numbered_actions():
+    env = GymnasiumEnv("MountainCar-v0")
+    assert env.reset(seed=0).endswith("Reply with one word: 0, 1 or 2.")
     _, reward, _, info = env.step("1")
-    assert reward == 1.0 and info["action"] == "1"
+    assert reward == -1.0 and info["action"] == "1"
 
 
 def test_textarena_guess_the_number_through_the_contract():

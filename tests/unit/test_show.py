@@ -2,6 +2,7 @@ from typer.testing import CliRunner
 
 from looprl.cli import app
 from looprl.commands.show import PROMPT_STYLE, SAMPLED_STYLES, _ranges, tokens
+from looprl.envs.frames import frame_path
 from looprl.trajectory_files import step_path, step_rows, write_step
 from tests.unit.test_trajectory_files import step_fixture, token_text
 
@@ -39,6 +40,16 @@ def test_show_picks_the_step_group_and_index(tmp_path):
     assert "group g2" in done.output and "reply c1" in done.output
     done = show(tmp_path, "--index", 2)
     assert "session sB" in done.output and "reply b1" in done.output
+
+
+def test_show_names_the_episodes_frames_when_they_were_saved(tmp_path):
+    write_run(tmp_path)
+    assert "frames:" not in show(tmp_path).output
+    frames = frame_path(tmp_path, "sA")  # env.frames_every's file of session sA
+    frames.parent.mkdir()
+    frames.write_bytes(b"GIF89a")
+    assert f"frames: {frames}" in show(tmp_path).output
+    assert "frames:" not in show(tmp_path, "--index", 2).output  # session sB: none
 
 
 def test_show_explains_what_is_missing_in_one_line(tmp_path):

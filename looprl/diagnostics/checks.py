@@ -1,0 +1,18 @@
+"""`Check`: one finding about this machine, and its fix when it is not ok. `looprl
+doctor` prints them (looprl/commands/doctor.py); an env worker logs the rendering ones
+when a render fails (rendering.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
