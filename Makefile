@@ -28,7 +28,8 @@ format: $(STAMP)
 
 # The engine and training tests run twice: on a CPU capped at AVX2 (no hardware bf16,
 # as on most laptops; LOOPRL_FORCE_CPU=avx2, x86 only), then with the whole suite on
-# this CPU as it is. pytest's summary of the whole suite is the last line.
+# this CPU as it is. pytest's summary of the whole suite is the last line, after its 25
+# slowest tests (what to look at when CI nears its 30 minutes).
 # The viewer's browser tests (tests/integration/test_viewer.py) drive Chromium: Debian's
 # is installed on first use where apt-get can (as root or with sudo -n); elsewhere they skip.
 chromium:
@@ -47,7 +48,7 @@ test: lint chromium
 		LOOPRL_FORCE_CPU=avx2 $(BIN)/pytest -q -p no:cacheprovider -m kernels tests; \
 	fi
 	@echo "== the whole suite on this CPU =="
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 # The gateway's fuzz tests, long: FUZZ_EXAMPLES cases per operation and mode (about
 # 11,000 in all at 800, ~30 min on 2 cores); the last line is the count and the 5xx seen.
