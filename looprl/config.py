@@ -835,6 +835,13 @@ class EvalConfig(Section):
     every_steps: int = Field(4, ge=0, description="Evaluate every N steps (0: start/end only).")
     max_new_tokens: int = Field(48, ge=1, description="Tokens per greedy eval answer.")
     size: int | None = Field(None, ge=1, description="Held-out rows to use; None uses all.")
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        description="0: greedy held-out rollouts (the default). Above 0 they are sampled at "
+        "this temperature (top_p and top_k from sampling): the success of the policy as it "
+        "acts when trained, where its most likely reply is not (a multi-turn env agent).",
+    )
 
 
 class MetricsConfig(Section):

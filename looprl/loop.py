@@ -412,7 +412,8 @@ async def close_workflow(workflow: object) -> None:
 async def evaluate(
     controller: RolloutController, rows: list[dict], cfg: Config, metrics: Metrics, *, step: int
 ) -> float:
-    """Greedy held-out accuracy of the current policy, through the user's workflow."""
+    """Held-out accuracy of the current policy through the user's workflow: greedy, or
+    sampled at eval.temperature."""
     rows = rows[: cfg.eval.size] if cfg.eval.size else rows
     if not rows:
         log.warning("No held-out rows: accuracy is reported as 0; set task.eval_path")
@@ -420,7 +421,10 @@ async def evaluate(
     result = await controller.rollout_batch(
         rows,
         group_size=1,
-        sampling_overrides={"temperature": 0.0, "max_tokens": cfg.eval.max_new_tokens},
+        sampling_overrides={
+            "temperature": cfg.eval.temperature,
+            "max_tokens": cfg.eval.max_new_tokens,
+        },
     )
     stats = result.stats()
     metrics.log("eval", step, stats)

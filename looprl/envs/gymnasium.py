@@ -27,10 +27,11 @@ Rows and columns count from 1. FrozenLake is not slippery unless `is_slippery: t
 (learnable by a small model), and `random_map_size: N` draws a new N x N map per seed
 (gymnasium's generate_random_map), so held-out seeds are unseen maps. FrozenLake's
 `distance_reward: c` adds a per-step reward: c for a move that shortens the walk to the
-goal around the holes (breadth-first), -c for one that lengthens it, -2c for falling in
-a hole (a shortest walk still earns the most, so the best policy stays the same;
-success still means the goal reached). Any other ID with
-a Discrete action space plays with numbered actions and the observation as JSON.
+goal around the holes (breadth-first), -c for one that lengthens it, -2c for falling
+in a hole (a shortest walk still earns the most, so the best
+policy stays the same; success still means the goal reached). `info["success"]` is on
+every step: whether the episode succeeded were it cut there. Any other ID with a
+Discrete action space plays with numbered actions and the observation as JSON.
 `kwargs` go to `gymnasium.make`; `render()` returns the env's frame (built with
 render_mode="rgb_array", as env.frames_every does).
 """
@@ -292,18 +293,19 @@ class GymnasiumEnv:
         else:
             action = int(self.env.action_space.start) + index  # a Discrete may not start at 0
         observation, reward, terminated, truncated, info = self.env.step(action)
+        # Whether the episode succeeded were it to end here, on every step: env.max_turns
+        # may end it before the env does. Judged on the env's own reward, not the shaped.
+        success = bool(self.view.success(float(reward), bool(terminated)))
         if self.distance_reward:
             reward = float(reward) + self.shaping(self.state, observation)
         self.state = observation
-        info = {**plain(info), "action": self.view.actions[index]}
+        info = {**plain(info), "action": self.view.actions[index], "success": success}
         done = bool(terminated or truncated)
-        if done:
-            info["success"] = bool(self.view.success(float(reward), bool(terminated)))
         return self.view.describe(self.env.unwrapped, observation), float(reward), done, info
 
     def shaping(self, before: int, after: int) -> float:
         """FrozenLake's distance_reward for a move from tile `before` to tile `after`: c per
-        step nearer the goal, -c per step farther, -2c into a hole (see the module doc)."""
+        step nearer the goal, -c per step farther, -2c into a hole (0 into the edge)."""
         cols = self.env.unwrapped.desc.shape[1]
         start, end = divmod(int(before), cols), divmod(int(after), cols)
         if start not in self.distances:  # cut off from the goal: nothing to steer towards

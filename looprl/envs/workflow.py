@@ -10,8 +10,9 @@ The episode ends when the env says done or after `max_turns` replies.
 Credit: reply t gets its return-to-go G_t = r_t + discount * G_{t+1} (the last reply's
 is its own reward); the rollout's reward is the episode return sum_t r_t, which is what
 its group's statistics and filtering see. It returns an EpisodeReward with `success`:
-the env's own `info["success"]` at the end, else episode return > 0 (what held-out
-accuracy counts).
+the env's own `info["success"]` of its last accepted step (so an env that reports it on
+every step, as the Gymnasium adapters do, judges an episode that max_turns cut short),
+else episode return > 0 (what held-out accuracy counts).
 
 Frames (env.frames_every = N > 0): one episode in N is reset with `record=True` and its
 frames are saved when it ends, in `RUN_DIR/frames/<session_id>.gif` (frames.py), the
@@ -125,12 +126,12 @@ class EnvWorkflow:
                 try:
                     observation, reward, done, info = await env.step(reply)
                     prompt = observation
+                    success = info.get("success", success)
                 except InvalidAction as e:
                     reward, done, info = cfg.invalid_action_reward, cfg.end_on_invalid_action, {}
                     prompt = f"{e}\n\n{observation}"
                 credit.append((response.id, reward))
                 if done:
-                    success = info.get("success")
                     break
             if record:
                 session_id = base_url.rstrip("/").split("/")[-2]  # .../sessions/{id}/v1

@@ -99,6 +99,22 @@ async def test_each_call_gets_its_return_to_go_and_the_rollout_the_return(tiny_m
         _check_samples(outcome, tokenizer)
 
 
+async def test_an_episode_cut_by_max_turns_is_judged_by_the_envs_last_success(tiny_model_dir):
+    # SummitEnv: reward 1 a step, success only at step 3. Cut at 2 turns the return is 2,
+    # yet the episode failed (the env said so on its last step); at 3 it succeeded.
+    for max_turns, success in ((2, False), (3, True)):
+        result, _, _ = await _play(
+            tiny_model_dir,
+            [{"seed": 1}],
+            "env.name=tests.support.envs:SummitEnv",
+            f"env.max_turns={max_turns}",
+            "env.workers=1",
+        )
+        (outcome,) = result.outcomes
+        assert (outcome.reward, outcome.success) == (float(max_turns), success)
+        assert result.stats()["accuracy"] == float(success)
+
+
 async def test_frozen_lake_episodes_through_the_gateway(tiny_model_dir):
     result, _, tokenizer = await _play(
         tiny_model_dir,

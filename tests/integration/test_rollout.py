@@ -464,3 +464,47 @@ async def test_eval_overrides_win_over_what_the_agent_asks(tiny_model_dir):
     outputs = [t.input_ids[t.loss_mask].tolist() for t in sampled.trajectories]
     assert all(len(o) == 12 for o in outputs)
     assert len({tuple(o) for o in outputs}) > 1
+
+
+async def test_eval_temperature_samples_the_held_out_rollouts(tiny_model_dir):
+    # The real rollouts of `evaluate`, kept as they pass: greedy (the default) gives the
+    # same replies twice; eval.temperature=1 samples them.
+    from looprl.loop import evaluate
+    from looprl.tasks import load_task
+    from looprl.workflow import configured_workflow
+
+    replies = {}
+    for temperature in (0.0, 1.0):
+        cfg = load_config(
+            None,
+            [
+                f"model.path={tiny_model_dir}",
+                "engine.dtype=float32",
+                f"eval.temperature={temperature}",
+                "eval.max_new_tokens=8",
+                "task.eval_size=6",
+            ],
+        )
+        task = load_task(cfg.task)
+        async with start_single_process(cfg, configured_workflow(cfg, task)) as parts:
+            results = []
+
+            async def keep(*args, _run=parts.controller.rollout_batch, _kept=results, **kw):
+                _kept.append(await _run(*args, **kw))
+                return _kept[-1]
+
+            parts.controller.rollout_batch = keep
+
+            class Records:
+                def log(self, kind, step, stats):
+                    assert (kind, step, stats["rollouts"]) == ("eval", 0, 6)
+
+            for _ in range(2):
+                await evaluate(parts.controller, task.eval, cfg, Records(), step=0)
+        replies[temperature] = [
+            [call["reply"] for outcome in result.outcomes for call in outcome.calls]
+            for result in results
+        ]
+    greedy, sampled = replies[0.0], replies[1.0]
+    assert greedy[0] == greedy[1] and len(greedy[0]) == 6
+    assert sampled[0] != sampled[1] and sampled[0] != greedy[0]

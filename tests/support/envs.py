@@ -85,6 +85,15 @@ class CountEnv:
         return f"step {self.steps}", 1.0, self.steps >= self.length, {}
 
 
+class SummitEnv(CountEnv):
+    """CountEnv that says on every step whether the episode succeeded so far: only once
+    `length` steps are done (the summit), whatever reward the steps before earned."""
+
+    def step(self, action_text: str) -> tuple[str, float, bool, dict]:
+        observation, reward, done, info = super().step(action_text)
+        return observation, reward, done, {**info, "success": self.steps >= self.length}
+
+
 class Misbehaving(CountEnv):
     """CountEnv whose first step crashes the worker (seed % 4 == 1), hangs (== 2) or
     raises (== 3), whatever the model says."""

@@ -117,10 +117,12 @@ def test_frozen_lake_distance_reward_by_hand():
     for move, reward in moves:  # a bump into the edge stays put: 0; the hole: -2c
         _, got, done, info = env.step(move)
         assert got == pytest.approx(reward), move
-    assert done and not info["success"]
+        assert info["success"] is False  # on every step: a positive step is not the goal
+    assert done
     env.reset(seed=1)  # a new episode on the same map: nearer each move, then the goal's 1
-    rewards = [env.step(move)[1] for move in ("right", "down", "right", "down")]
-    assert rewards == pytest.approx([0.25, 0.25, 0.25, 1.25])
+    steps = [env.step(move) for move in ("right", "down", "right", "down")]
+    assert [step[1] for step in steps] == pytest.approx([0.25, 0.25, 0.25, 1.25])
+    assert [step[3]["success"] for step in steps] == [False, False, False, True]
     with pytest.raises(ValueError, match="distance_reward is for FrozenLake, not 'Taxi-v4'"):
         GymnasiumEnv("Taxi-v4", distance_reward=0.25)
 
@@ -197,7 +199,10 @@ def test_cart_pole_reads_the_cart_and_the_pole_in_words():
         "at 11.5 degrees per second. Reply with one word: left or right."
     )
     rewards = [env.step(move)[1:] for move in ("left", "right", "Left!")]
-    assert rewards[:2] == [(1.0, False, {"action": "left"}), (1.0, False, {"action": "right"})]
+    assert rewards[:2] == [  # the pole is up: the episode would succeed were it cut here
+        (1.0, False, {"action": "left", "success": True}),
+        (1.0, False, {"action": "right", "success": True}),
+    ]
     assert rewards[2] == (1.0, True, {"action": "left", "success": True})  # truncated, up
     env = GymnasiumEnv("CartPole-v1")
     env.reset(seed=0)
