@@ -354,8 +354,10 @@ async def test_training_with_a_vllm_engine_reloads_weights_every_step(vllm_venv,
         )
         # tokens of step s were sampled by version s - 1, the trainer's version then
         assert r["staleness_max"] == 0
-        # pi_trainer / pi_vllm on the sampled tokens: bf16 engine vs bf16-autocast trainer
-        assert abs(r["behavior_weight_mean"] - 1) < 0.05
+        # pi_trainer / pi_vllm on the sampled tokens: bf16 engine vs bf16-autocast trainer.
+        # A mean of exp(noise) over ~190 tokens: 0.998 and 1.051 seen in one run, so the
+        # bound is 0.1; a reload that did not happen shows in the RPC count below.
+        assert abs(r["behavior_weight_mean"] - 1) < 0.1
     log = (cfg.run_dir / "logs" / "vllm-0.log").read_text()
     assert log.count('"POST /collective_rpc HTTP/1.1" 200') == steps
     assert log.count('"POST /pause?mode=wait HTTP/1.1" 200') == steps
