@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 
 import pytest
 
 from looprl.config import Config, ConfigError, load_config
-from looprl.envs.workflow import EnvWorkflow
-from looprl.loop import train
+from looprl.loop import close_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflow import configured_workflow
+from tests.integration.test_envs import train_two_steps
 
 VF_ENV = "verifiers:tests.support.vf_envs"
 
@@ -49,8 +48,7 @@ async def _play(model_dir, tmp_path, rows, *overrides: str):
             result = await parts.controller.rollout_batch(rows)
             return result, rows, parts.tokenizer
     finally:
-        if isinstance(workflow, EnvWorkflow):
-            workflow.close()  # its env workers
+        await close_workflow(workflow)  # an EnvWorkflow's env workers
 
 
 def _check_samples(outcome, tokenizer) -> None:
@@ -161,30 +159,9 @@ async def test_verifiers_multi_turn_rollouts_and_failing_ones(tiny_model_dir, tm
 
 
 async def test_looprl_train_on_a_verifiers_environment_two_steps(tiny_model_dir, tmp_path):
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            f"env.name={VF_ENV}",
-            "env.kwargs={turns: 2}",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=4",
-            "eval.every_steps=0",
-            "eval.max_new_tokens=4",
-        ],
+    summary, steps, evals = await train_two_steps(
+        tiny_model_dir, tmp_path, f"env.name={VF_ENV}", "env.kwargs={turns: 2}"
     )
-    start = time.monotonic()
-    summary = await train(cfg, show_progress=False)
-    assert time.monotonic() - start < 60
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    steps = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] == "eval"]
-    assert [r["step"] for r in steps] == [1, 2]
     # 4 rollouts of 2 calls a step, each call a sample; the 2 eval_dataset rows held out
     assert all(r["completed"] == 4 and r["errors"] == {} for r in steps)
     assert all(r["trajectories"] == 8 for r in steps)

@@ -318,15 +318,14 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
         parent.kill()
 
 
-async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
+async def train_two_steps(model_dir, tmp_path, *overrides: str):
+    """`looprl train` of 2 steps x 2 x 2 rollouts on the tiny model; (summary, train
+    records, eval records), after checking it took under a minute and trained steps 1-2."""
     cfg = load_config(
         None,
         [
-            f"model.path={tiny_model_dir}",
-            "env.name=gymnasium:FrozenLake-v1",
-            "env.kwargs={random_map_size: 3}",
-            "env.max_turns=2",
-            "env.invalid_action_reward=-0.1",
+            f"model.path={model_dir}",
+            *overrides,
             f"run.fileroot={tmp_path}",
             "engine.dtype=float32",
             "train.compute_dtype=float32",
@@ -336,7 +335,6 @@ async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
             "sampling.max_new_tokens=4",
             "eval.every_steps=0",
             "eval.max_new_tokens=4",
-            "task.eval_size=3",
         ],
     )
     start = time.monotonic()
@@ -344,8 +342,20 @@ async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
     assert time.monotonic() - start < 60
     records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
     steps = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in steps] == [1, 2]
+    return summary, steps, [r for r in records if r["kind"] == "eval"]
+
+
+async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
+    summary, steps, evals = await train_two_steps(
+        tiny_model_dir,
+        tmp_path,
+        "env.name=gymnasium:FrozenLake-v1",
+        "env.kwargs={random_map_size: 3}",
+        "env.max_turns=2",
+        "env.invalid_action_reward=-0.1",
+        "task.eval_size=3",
+    )
     assert all(r["completed"] == 4 and r["errors"] == {} for r in steps)
     # 4 episodes of 2 turns, each a sample of its own
     assert all(r["trajectories"] == 8 for r in steps)
