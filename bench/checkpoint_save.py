@@ -1,6 +1,6 @@
 """Writing and loading a recover checkpoint vs a bare `torch.save` of the same state.
 
-Claim measured: what atomic, checksummed checkpoints (`looprl/checkpoint.py`: temporary
+Claim measured: what atomic, checksummed checkpoints (`looprl/runs/checkpoint.py`: temporary
 folder, fsync of every file, sha256 manifest, rename, `latest` pointer, pruning) cost
 over `torch.save` alone, for SmolLM2-135M-Instruct's trainer state (fp32 weights and
 AdamW moments after one optimizer step, ~1.6 GB). Best of `--repeats`, each into a
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from looprl import checkpoint as ck
 from looprl.config import Config, TrainConfig
 from looprl.models import default_model_dir, load_model
+from looprl.runs import checkpoint as ck
 from looprl.training.trainer import Trainer
 
 

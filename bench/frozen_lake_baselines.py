@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from looprl.envs.gymnasium import GymnasiumEnv
+from looprl.runs.trajectories import list_steps, read_step
 from looprl.tasks.env_seeds import HELD_OUT_OFFSET
-from looprl.trajectory_files import list_steps, read_step
 
 MAPS = [HELD_OUT_OFFSET + i for i in range(50)]
 MAX_TURNS = 6

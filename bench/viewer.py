@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from looprl.trajectory_files import step_path  # noqa: E402
+from looprl.runs.trajectories import step_path  # noqa: E402
 from tests.support.chromium import CHROMIUM_ARGS, find_chromium  # noqa: E402
 from tests.support.serving import free_port, running_server  # noqa: E402
 from tests.support.synthetic_run import write_synthetic_run  # noqa: E402

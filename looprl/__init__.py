@@ -18,8 +18,8 @@ _WHERE = {
     "load_config": "looprl.config",
     "train": "looprl.loop",
     "TrainSummary": "looprl.loop",
-    "Workflow": "looprl.workflow",
-    "RLVRWorkflow": "looprl.workflow",
+    "Workflow": "looprl.workflows",
+    "RLVRWorkflow": "looprl.workflows",
 }
 
 

@@ -89,10 +89,10 @@ def train(
     if dry_run:
         print(cfg.to_yaml())
         return
-    from looprl.checkpoint import RecoverError
     from looprl.loop import Stopped
     from looprl.loop import train as run_training
     from looprl.precision import PrecisionError
+    from looprl.runs.checkpoint import RecoverError
 
     _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
     stacks.install_stack_dump()
@@ -154,7 +154,7 @@ def convert_checkpoint(
     ] = False,
 ) -> None:
     """Rewrite a checkpoint of the earlier pickled format as safetensors + JSON."""
-    from looprl.checkpoint import RecoverError, convert_pickled
+    from looprl.runs.checkpoint import RecoverError, convert_pickled
 
     if not trust_pickle:
         console.print(
@@ -264,7 +264,7 @@ def show(
     from rich.markup import escape
 
     from looprl.commands.show import show_rollout
-    from looprl.trajectory_files import TrajectoryFileError
+    from looprl.runs.trajectories import TrajectoryFileError
 
     try:
         show_rollout(run_dir, step=step, index=index, group=group, console=Console())

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ENV_WORKFLOW = "looprl.envs:EnvWorkflow"  # what plays env.name, unless workflow.path says
-VERIFIERS_WORKFLOW = "looprl.envs.verifiers:VerifiersWorkflow"  # what plays task.name=verifiers
+ENV_WORKFLOW = "looprl.workflows:EnvWorkflow"  # what plays env.name, unless workflow.path says
+VERIFIERS_WORKFLOW = "looprl.workflows:VerifiersWorkflow"  # what plays task.name=verifiers
 
 
 class ConfigError(ValueError):
@@ -468,7 +468,7 @@ class RewardConfig(Section):
 
 
 class EnvConfig(Section):
-    """An environment played by looprl.envs:EnvWorkflow (looprl/envs/): each turn its
+    """An environment played by looprl.workflows:EnvWorkflow (looprl/envs/): each turn its
     observation is the user's message and the model's reply its action."""
 
     name: str | None = Field(
@@ -476,10 +476,10 @@ class EnvConfig(Section):
         description="'gymnasium:ID' (e.g. gymnasium:FrozenLake-v1), 'textarena:ID' (e.g. "
         "textarena:GuessTheNumber-v0) or 'package.module:factory' for your own env (an "
         "object with reset(seed, options) -> text and step(text) -> (text, reward, done, "
-        "info)). Setting it makes task.name=env and workflow.path=looprl.envs:EnvWorkflow "
+        "info)). Setting it makes task.name=env and workflow.path=looprl.workflows:EnvWorkflow "
         "the defaults. 'verifiers:ID' (a verifiers environment, which plays its own "
         "rollouts) stands for task.name=verifiers task.dataset=ID task.dataset_kwargs="
-        "<env.kwargs> and workflow.path=looprl.envs.verifiers:VerifiersWorkflow.",
+        "<env.kwargs> and workflow.path=looprl.workflows:VerifiersWorkflow.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -576,13 +576,13 @@ class WorkflowConfig(Section):
         "LOOPRL_REWARD_URL.",
     )
     path: str = Field(
-        "looprl.workflow:RLVRWorkflow",
+        "looprl.workflows:RLVRWorkflow",
         description="The agent: 'module:Name' of a Workflow class, instance or async function.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments for the workflow class (subprocess: for "
-        "looprl.agent_process.AgentProcess: env, cwd, kill_grace_s).",
+        "looprl.workflows.agent_process.AgentProcess: env, cwd, kill_grace_s).",
     )
     command: str | list[str] | None = Field(
         None,
@@ -1095,7 +1095,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _reward_scores_the_builtin_workflow(self) -> Config:
         workflow = self.workflow
-        builtin = workflow.mode == "python" and workflow.path == "looprl.workflow:RLVRWorkflow"
+        builtin = workflow.mode == "python" and workflow.path == "looprl.workflows:RLVRWorkflow"
         if self.reward.type != "function" and not builtin:
             raise ValueError(
                 f"reward.type={self.reward.type} scores the built-in workflow's answers, but "

@@ -10,7 +10,6 @@ at the start, every `eval.every_steps` steps and at the end.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import signal
@@ -22,22 +21,23 @@ from pathlib import Path
 
 import torch
 
-from looprl import checkpoint as checkpoint_io
 from looprl import precision
 from looprl.config import Config
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
-from looprl.metrics import Metrics
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 from looprl.rewards import open_reward
 from looprl.rollout.controller import RolloutController
+from looprl.runs import checkpoint as checkpoint_io
+from looprl.runs.metrics import Metrics
+from looprl.runs.trajectories import TrajectoryWriter
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, TrainerHandle, trainer_sampling
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.trackers import check_installed, start_trackers
 from looprl.training.batch import build_batch
-from looprl.trajectory_files import TrajectoryWriter
-from looprl.workflow import configured_workflow
+from looprl.workflows.protocol import close_workflow
+from looprl.workflows.resolution import configured_workflow
 
 log = logging.getLogger(__name__)
 
@@ -400,13 +400,6 @@ async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
             yield parts
     finally:
         await close_workflow(workflow)
-
-
-async def close_workflow(workflow: object) -> None:
-    """Call the workflow's `close()` where it has one, awaited if it is async."""
-    close = getattr(workflow, "close", None)
-    if callable(close) and inspect.isawaitable(done := close()):
-        await done
 
 
 async def evaluate(

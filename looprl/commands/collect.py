@@ -21,7 +21,7 @@ from looprl.rollout.outcome import RolloutResult, check_reward, run_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.types import EpisodeReward
-from looprl.workflow import configured_workflow
+from looprl.workflows.resolution import configured_workflow
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.losses import MISMATCH_RATIO_RANGE, mismatch_metrics
 from looprl.training.trainer import Trainer
 from looprl.types import Generation, Interaction, SamplingParams, Trajectory
-from looprl.workflow import chat_messages
+from looprl.workflows.rlvr import chat_messages
 
 
 @dataclass

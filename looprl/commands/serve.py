@@ -9,7 +9,6 @@ than loopback one is required (or `no_auth`, said explicitly).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from looprl.config import EngineConfig
 from looprl.engines.local import LocalEngine
 from looprl.gateway import GatewayServer, SessionStore, create_app
+from looprl.gateway.server import is_loopback
 from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_tokenizer, model_config
 
 log = logging.getLogger(__name__)
@@ -44,15 +44,6 @@ def serve_model(
             "Bearer KEY`, or pass --no-auth if anyone who can reach it may use it"
         )
     asyncio.run(_serve_model(model_path, host, port, dtype, model_name, api_key))
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 async def _serve_model(

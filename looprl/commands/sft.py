@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from looprl.config import Config
-from looprl.metrics import Metrics
 from looprl.models import load_model, load_tokenizer
+from looprl.runs.metrics import Metrics
 from looprl.scheduling.single_process import save_policy
 from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.sft_data import load_chats

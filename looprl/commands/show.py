@@ -19,7 +19,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from looprl.envs.frames import frame_path
-from looprl.trajectory_files import TrajectoryFileError, list_steps, read_step
+from looprl.runs.trajectories import TrajectoryFileError, list_steps, read_step
 
 # Alternating backgrounds, so that neighbouring sampled tokens show as two tokens.
 SAMPLED_STYLES = ("black on green3", "black on dark_sea_green2")

@@ -7,12 +7,12 @@ who reaches the port reads the runs' configs, metrics and trajectories.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from pathlib import Path
 
 import uvicorn
 
+from looprl.gateway.server import is_loopback
 from looprl.viewer.app import create_app
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def view_runs(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8765) -
     """
     for run_dir in run_dirs:
         check_run_dir(run_dir)
-    loopback = _is_loopback(host)
+    loopback = is_loopback(host)
     if not loopback:
         log.warning(
             "Serving on %s without a key: anyone who reaches port %d reads these runs "
@@ -52,12 +52,3 @@ def check_run_dir(run_dir: Path) -> None:
             f"{run_dir} holds none of {', '.join(RUN_FILES)}: not a run directory (a run "
             "writes them into run.fileroot/<experiment>/<trial>, e.g. runs/default/trial0)"
         )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False

@@ -1,7 +1,6 @@
 """Environments: one contract (base.py), adapters (gymnasium.py, textarena.py,
-skyrl.py), worker processes they run in (workers.py) and the workflow that plays them
-(workflow.py). verifiers.py is the exception: a verifiers environment brings its rows,
-rollouts and rubric, and its own workflow plays them.
+skyrl.py), the worker processes they run in (workers.py) and rendered frames
+(frames.py). The workflow that plays them is looprl.workflows:EnvWorkflow.
 
 The names are imported on first use, so that a worker process imports only what its
 environment needs.
@@ -13,7 +12,6 @@ __all__ = [
     "EnvFailed",
     "EnvTimedOut",
     "EnvWorkers",
-    "EnvWorkflow",
     "InvalidAction",
     "make_env",
 ]
@@ -26,7 +24,6 @@ _WHERE = {
     "InvalidAction": "looprl.envs.base",
     "make_env": "looprl.envs.base",
     "EnvWorkers": "looprl.envs.workers",
-    "EnvWorkflow": "looprl.envs.workflow",
 }
 
 

@@ -72,7 +72,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None) -> Env:
     - `module:factory`: your own, `factory(**kwargs)` returning an object with reset/step.
 
     (`verifiers:ID` is not one: a verifiers environment plays its own rollouts, see
-    looprl/envs/verifiers.py.)
+    looprl/workflows/verifiers.py.)
     """
     kwargs = dict(kwargs or {})
     prefix, sep, rest = name.partition(":")
@@ -87,7 +87,7 @@ def make_env(name: str, kwargs: dict[str, Any] | None = None) -> Env:
         except ImportError as e:
             raise ImportError(f"env.name={name!r} needs {prefix}: {ENVS_EXTRA} ({e})") from e
         return adapter.make(rest, **kwargs)
-    from looprl.workflow import import_object  # only here: a worker stays light
+    from looprl.workflows.imports import import_object  # only here: a worker stays light
 
     factory = import_object(name, "env.name")
     if not callable(factory):

@@ -89,7 +89,7 @@ class SkyRLEnv:
 def make(name: str, **kwargs: Any) -> SkyRLEnv:
     """`name` is a skyrl_gym registry ID, or `package.module:Class` for your own."""
     if ":" in name:
-        from looprl.workflow import import_object
+        from looprl.workflows.imports import import_object
 
         return SkyRLEnv(name, import_object(name, "env.name"), **kwargs)
     try:

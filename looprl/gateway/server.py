@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from typing import Any
@@ -116,3 +117,14 @@ class GatewayServer:
 
     def close_session(self, session_id: str) -> Session:
         return self.store.close(session_id)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (localhost, 127.0.0.0/8, ::1); a host name
+    other than localhost may resolve to anything, so it is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

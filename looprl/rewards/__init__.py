@@ -6,8 +6,9 @@ A Reward scores one rollout inside `async with reward.rollout(row) as score:` ..
 spans the whole rollout so that a group judge knows how many rollouts of a row are
 still coming and can score them in one call. `take_stats()` returns the counters
 (`reward_code_timeouts`, `reward_judge_failures`, ...) since its last call, for the
-step's metrics record. Knows nothing of training; `open_reward` starts what a reward
-needs (the judge's local engine) and stops it.
+step's metrics record, and `aclose()` releases what it holds (a judge's HTTP client).
+Knows nothing of training; `open_reward` starts what a reward needs (the judge's local
+engine, on the model and precision start-up resolved) and stops it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from looprl.config import Config
 
+if TYPE_CHECKING:
+    from looprl.startup import LocalModel
+
 Scorer = Callable[[str, str], Awaitable[float | None]]
+RewardFn = Callable[..., float]  # reward_fn(prompt, completion, **row) -> float
 
 
 @runtime_checkable
@@ -27,6 +32,8 @@ class Reward(Protocol):
     def rollout(self, row: dict) -> AbstractAsyncContextManager[Scorer]: ...
 
     def take_stats(self) -> dict[str, int]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class FunctionReward:
@@ -45,6 +52,9 @@ class FunctionReward:
     def take_stats(self) -> dict[str, int]:
         return {}
 
+    async def aclose(self) -> None:
+        pass
+
     def __repr__(self) -> str:
         fn = self.reward_fn
         return f"reward function {getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}"
@@ -56,6 +66,11 @@ def build_reward(cfg: Config, task: Any, judge_url: tuple[str, str] | None = Non
     started."""
     kind = cfg.reward.type
     if kind == "function":
+        if task.reward_fn is None:
+            raise ValueError(
+                f"task.name={cfg.task.name} has no reward function: its rows are scored by "
+                f"{task.scored_by}; keep the workflow it sets, or set reward.type=code/judge"
+            )
         return FunctionReward(task.reward_fn)
     if kind == "code":
         from looprl.rewards.code import CodeReward
@@ -70,38 +85,41 @@ def build_reward(cfg: Config, task: Any, judge_url: tuple[str, str] | None = Non
         base_url, api_key = judge_url
     else:
         raise ValueError(
-            "reward.type=judge without reward.judge.base_url serves the judge on a local "
-            "engine, which `looprl train` starts; here set reward.judge.base_url (e.g. a "
-            "`looprl serve` of the judge model)"
+            "reward.type=judge without reward.judge.base_url needs the judge's endpoint "
+            "from open_reward, which serves the judge model on a local engine"
         )
     model = judge.model if judge.base_url is not None else "judge"
     return JudgeReward(judge, base_url=base_url, api_key=api_key, model=model,
                        answer_field=task.answer_field)  # fmt: skip
 
 
-@contextlib.asynccontextmanager
-async def open_reward(cfg: Config, task: Any) -> AsyncIterator[Reward]:
-    """The configured reward, with the judge's local engine running while it is open."""
-    judge = cfg.reward.judge
-    if cfg.reward.type != "judge" or judge.base_url is not None:
-        reward = build_reward(cfg, task)
-        try:
-            yield reward
-        finally:
-            await _close(reward)
-        return
-    from looprl.rewards.judge_server import serve_judge
+def needs_judge_engine(cfg: Config) -> bool:
+    """Whether the configured reward needs a judge served by this run: reward.type=judge
+    without reward.judge.base_url."""
+    return cfg.reward.type == "judge" and cfg.reward.judge.base_url is None
 
-    async with serve_judge(judge.model) as endpoint:
+
+@contextlib.asynccontextmanager
+async def open_reward(
+    cfg: Config, task: Any, judge: LocalModel | None = None
+) -> AsyncIterator[Reward]:
+    """The configured reward, open while the context is; where it `needs_judge_engine`,
+    `judge` (the judge model and the engine precision start-up resolved for it) is served
+    on a local engine meanwhile."""
+    async with contextlib.AsyncExitStack() as stack:
+        endpoint = None
+        if needs_judge_engine(cfg):
+            if judge is None:
+                raise ValueError(
+                    "reward.type=judge without reward.judge.base_url serves the judge on a "
+                    "local engine, which start-up resolves (looprl.startup); here set "
+                    "reward.judge.base_url (e.g. a `looprl serve` of the judge model)"
+                )
+            from looprl.rewards.judge_server import serve_judge
+
+            endpoint = await stack.enter_async_context(serve_judge(judge))
         reward = build_reward(cfg, task, endpoint)
         try:
             yield reward
         finally:
-            await _close(reward)
-
-
-async def _close(reward: Reward) -> None:
-    from looprl.rewards.judge import JudgeReward
-
-    if isinstance(reward, JudgeReward):
-        await reward.close()
+            await reward.aclose()

@@ -69,6 +69,9 @@ class CodeReward:
 
         yield score
 
+    async def aclose(self) -> None:
+        pass
+
     async def score(self, completion: str, row: dict) -> float | None:
         """Tests passed / tests, or None when the sandbox itself failed."""
         tests = tests_of(row, self.cfg.tests_field)

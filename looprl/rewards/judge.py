@@ -253,7 +253,7 @@ class JudgeReward:
         self._counts.clear()
         return stats
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         for task in list(self._calls):
             task.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)

@@ -48,7 +48,7 @@ from looprl.rollout.outcome import RolloutOutcome, RolloutResult, check_reward, 
 from looprl.rollout.staleness import StalenessManager
 from looprl.rollout.trajectory import build_trajectories, call_records
 from looprl.types import EpisodeReward, Interaction, SessionHandle
-from looprl.workflow import Workflow, resolve_workflow
+from looprl.workflows.protocol import Workflow, resolve_workflow
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from looprl.rollout.staleness import sample_staleness
 from looprl.types import EpisodeReward, Trajectory
-from looprl.workflow import Workflow
+from looprl.workflows.protocol import Workflow
 
 Status = Literal["completed", "rejected", "failed", "timed_out"]
 

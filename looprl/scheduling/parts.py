@@ -29,7 +29,7 @@ from looprl.rollout import RolloutController
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
 from looprl.types import MIN_TEMPERATURE
-from looprl.workflow import Workflow
+from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
 

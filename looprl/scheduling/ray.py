@@ -60,7 +60,7 @@ from looprl.scheduling.single_process import save_policy
 from looprl.training import lora
 from looprl.training.batch import TrainBatch
 from looprl.types import Generation, LoraAdapter, SamplingParams
-from looprl.workflow import Workflow
+from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
 

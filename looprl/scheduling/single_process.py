@@ -32,7 +32,7 @@ from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.training import lora
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
-from looprl.workflow import Workflow
+from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
 

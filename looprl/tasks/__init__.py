@@ -13,17 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looprl.config import TaskConfig
-from looprl.workflow import RewardFn, import_object
+from looprl.rewards import RewardFn
+from looprl.workflows.imports import import_object
 
 
 @dataclass
 class Task:
+    """A task's rows and how they are scored. `reward_fn` is None for tasks whose
+    workflow scores them itself (`env`: the environment's rewards; `verifiers`: the
+    environment's rubric); `scored_by` then says what does, for the error a reward
+    function asked of it raises."""
+
     train: list[dict]
     eval: list[dict]
-    reward_fn: RewardFn
+    reward_fn: RewardFn | None
     prompt_field: str
     system_prompt: str | None
     answer_field: str = "answer"
+    scored_by: str = ""
 
 
 def load_task(cfg: TaskConfig) -> Task:
@@ -36,12 +43,14 @@ def load_task(cfg: TaskConfig) -> Task:
         from looprl.tasks import env_seeds
 
         train, held_out = env_seeds.make_splits(cfg)
-        return Task(train, held_out, env_seeds.no_reward_function, "seed", cfg.system_prompt)
+        scored_by = "env.name's rewards, played by looprl.workflows:EnvWorkflow"
+        return Task(train, held_out, None, "seed", cfg.system_prompt, scored_by=scored_by)
     if cfg.name == "verifiers":
-        from looprl.envs import verifiers
+        from looprl.workflows import verifiers
 
         train, held_out = verifiers.make_splits(cfg)
-        return Task(train, held_out, verifiers.rubric_scores_rows, "prompt", cfg.system_prompt)
+        scored_by = "the environment's rubric, in looprl.workflows:VerifiersWorkflow"
+        return Task(train, held_out, None, "prompt", cfg.system_prompt, scored_by=scored_by)
     if cfg.name == "reasoning_gym":
         from looprl.tasks import reasoning_gym
 

@@ -30,11 +30,3 @@ def make_splits(cfg: TaskConfig) -> tuple[list[dict], list[dict]]:
 
 def _row(seed: int) -> dict:
     return {"id": f"seed-{seed}", "seed": seed}
-
-
-def no_reward_function(prompt: str, completion: str, **row) -> float:
-    """task.name=env has no reward function: the env gives the rewards."""
-    raise ValueError(
-        "task.name=env rows are seeds: their reward comes from env.name, played by "
-        "looprl.envs:EnvWorkflow, not from a reward function"
-    )

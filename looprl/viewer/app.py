@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from looprl.trajectory_files import TrajectoryFileError
+from looprl.runs.trajectories import TrajectoryFileError
 from looprl.viewer.run_reader import RunReader
 
 STATIC = Path(__file__).parent / "static"

@@ -3,7 +3,7 @@
 Owns: turning `config.yaml`, `metrics.jsonl` and the step files into JSON bytes for
 the page, cached per file (its mtime and size, so a run in progress is read again only
 where it changed), and searching the step files. The step files' format is
-`looprl/trajectory_files.py`'s. Reads only; knows nothing of HTTP.
+`looprl/runs/trajectories.py`'s. Reads only; knows nothing of HTTP.
 
 A last line of metrics.jsonl without its newline is a record being written, not a
 corrupt file: it is left for the next read.
@@ -24,7 +24,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from looprl.trajectory_files import JSON_COLUMNS, SCHEMA, TrajectoryFileError, list_steps, step_path
+from looprl.runs.trajectories import (
+    JSON_COLUMNS,
+    SCHEMA,
+    TrajectoryFileError,
+    list_steps,
+    step_path,
+)
 
 TOKEN_COLUMNS = (
     "token_ids",

@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from looprl import checkpoint as checkpoint_io
+from looprl.runs import checkpoint as checkpoint_io
 from tests.e2e.test_learning import EvenTokenAgent
 
 STEPS = 8

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from looprl.agent_process import AgentProcess
 from looprl.config import ConfigError, load_config
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.workflow import configured_workflow
+from looprl.workflows.agent_process import AgentProcess
+from looprl.workflows.resolution import configured_workflow
 from tests.support.tool_model import greedy_config
 
 ROW = {"question": "What is 2 + 3?", "answer": 5}

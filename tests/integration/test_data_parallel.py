@@ -24,9 +24,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from looprl.checkpoint import load_tree, save_tree
 from looprl.config import LoraConfig, TrainConfig
 from looprl.models import load_model, load_tokenizer
+from looprl.runs.checkpoint import load_tree, save_tree
 from looprl.training.batch import TrainBatch, build_batch, micro_batch_indices, split_mini_batches
 from looprl.training.distributed import DataParallelTrainer, balanced_shards
 from looprl.training.trainer import Trainer

@@ -1,5 +1,5 @@
 """Other libraries' environments played end to end through the gateway by the tiny model
-(greedy): a verifiers environment loaded by name (looprl/envs/verifiers.py), its own
+(greedy): a verifiers environment loaded by name (looprl/workflows/verifiers.py), its own
 rollouts scored by its own rubric, and SkyRL-Gym text environments behind looprl's
 reset/step contract (looprl/envs/skyrl.py), played by EnvWorkflow.
 
@@ -19,7 +19,7 @@ from looprl.config import Config, ConfigError, load_config
 from looprl.loop import close_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.workflow import configured_workflow
+from looprl.workflows.resolution import configured_workflow
 from tests.integration.test_envs import train_two_steps
 
 VF_ENV = "verifiers:tests.support.vf_envs"
@@ -79,11 +79,11 @@ def test_env_name_verifiers_stands_for_its_task_and_workflow():
     cfg = load_config(None, [f"env.name={VF_ENV}", "env.kwargs={turns: 2}"])
     assert (cfg.task.name, cfg.task.dataset) == ("verifiers", "tests.support.vf_envs")
     assert cfg.task.dataset_kwargs == {"turns": 2} and cfg.env.name is None
-    assert cfg.workflow.path == "looprl.envs.verifiers:VerifiersWorkflow"
+    assert cfg.workflow.path == "looprl.workflows:VerifiersWorkflow"
     assert Config.model_validate(cfg.model_dump(mode="json")) == cfg  # a saved one reloads
     with pytest.raises(ConfigError, match="env.max_turns is for environments played turn"):
         load_config(None, [f"env.name={VF_ENV}", "env.max_turns=3"])
-    with pytest.raises(ConfigError, match="workflow.path=looprl.workflow:RLVRWorkflow cannot"):
+    with pytest.raises(ConfigError, match="workflow.path=looprl.workflows:RLVRWorkflow cannot"):
         load_config(None, ["task.name=verifiers", "task.dataset=tests.support.vf_envs"])
 
 

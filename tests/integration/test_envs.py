@@ -28,7 +28,7 @@ from looprl.envs.workers import EnvWorkers
 from looprl.loop import train
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.workflow import configured_workflow
+from looprl.workflows.resolution import configured_workflow
 
 
 def _alive(pid: int) -> bool:

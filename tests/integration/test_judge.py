@@ -60,7 +60,7 @@ async def test_absolute_scores_and_the_cache():
         )
         assert await score_one(reward, "It is 4.") == 0.9  # the cache: no request
         assert len(server.requests) == 2
-        await reward.close()
+        await reward.aclose()
     assert reward.take_stats() == {
         "reward_judge_calls": 2,
         "reward_judge_retries": 0,
@@ -104,7 +104,7 @@ async def test_group_mode_scores_a_group_in_one_call():
         # Judged answers are cached: the same group again sends nothing.
         again = await asyncio.gather(rollout("4!!!", 0.0), rollout("4", 0.0))
         assert again == [0.3, 0.0] and len(server.requests) == 1
-        await reward.close()
+        await reward.aclose()
     stats = reward.take_stats()
     assert stats["reward_judge_calls"] == 1 and stats["reward_judge_cache_hits"] == 2
 
@@ -115,7 +115,7 @@ async def test_a_slow_judge_times_out_and_is_retried():
     async with server.serve() as url:
         reward = judge(url, timeout_s=0.5, retries=1)
         assert await score_one(reward, "It is 4.") == 0.8
-        await reward.close()
+        await reward.aclose()
     stats = reward.take_stats()
     assert stats["reward_judge_calls"] == 2 and stats["reward_judge_retries"] == 1
     assert stats["reward_judge_failures"] == 0
@@ -129,7 +129,7 @@ async def test_failures_are_counted_and_get_the_fallback():
         assert len(server.requests) == 3  # the first call and two retries
         rejecting = judge(url, retries=0, fallback_reward=None)
         assert await score_one(rejecting, "It is 4.") is None  # rejects the rollout
-        await reward.close()
+        await reward.aclose()
         await rejecting.close()
     assert reward.take_stats()["reward_judge_failures"] == 1
     assert rejecting.take_stats()["reward_judge_failures"] == 1
@@ -148,7 +148,7 @@ async def test_unreadable_judgments_are_failures():
                 return await score(row["question"], completion)
 
         assert await asyncio.gather(rollout("4"), rollout("5")) == [0.5, 0.5]
-        await reward.close()
+        await reward.aclose()
         await grouped.close()
     assert reward.take_stats()["reward_judge_failures"] == 1
     assert grouped.take_stats()["reward_judge_failures"] == 2
@@ -171,7 +171,7 @@ async def test_a_remote_judge_takes_its_key_from_the_environment(monkeypatch, tm
         reward = build_reward(cfg, load_task(cfg.task))
         assert await score_one(reward, "4") == 0.9
         assert reward.client.api_key == "secret" and reward.model == "gpt-judge"
-        await reward.close()
+        await reward.aclose()
 
 
 async def test_a_second_local_engine_judges(tiny_model_dir):
@@ -182,7 +182,7 @@ async def test_a_second_local_engine_judges(tiny_model_dir):
         cfg = JudgeConfig(retries=0, max_tokens=8, fallback_reward=0.5)
         reward = JudgeReward(cfg, base_url=url, api_key=key, model="judge", answer_field="answer")
         value = await score_one(reward, "It is 4.")
-        await reward.close()
+        await reward.aclose()
     stats = reward.take_stats()
     assert stats["reward_judge_calls"] == 1
     assert (stats["reward_judge_failures"] == 1 and value == 0.5) or 0.0 <= value <= 1.0

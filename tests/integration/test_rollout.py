@@ -471,7 +471,7 @@ async def test_eval_temperature_samples_the_held_out_rollouts(tiny_model_dir):
     # same replies twice; eval.temperature=1 samples them.
     from looprl.loop import evaluate
     from looprl.tasks import load_task
-    from looprl.workflow import configured_workflow
+    from looprl.workflows.resolution import configured_workflow
 
     replies = {}
     for temperature in (0.0, 1.0):

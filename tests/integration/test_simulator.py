@@ -29,7 +29,7 @@ from looprl.envs.workers import EnvWorkers
 from looprl.models import load_model, load_tokenizer
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
-from looprl.workflow import configured_workflow
+from looprl.workflows.resolution import configured_workflow
 
 SEEDS = [1_000_000, 1_000_001]
 STEPS = 4  # env.kwargs.max_episode_steps: each episode is truncated after 4 pushes

@@ -21,7 +21,7 @@ from examples.calculator.tools import TOOLS
 from looprl import loop
 from looprl.config import SamplingConfig, load_config
 from looprl.models import load_model, load_tokenizer
-from looprl.trajectory_files import list_steps, read_step
+from looprl.runs.trajectories import list_steps, read_step
 from tests.support.local_gateway import local_gateway
 
 SYSTEM = {"role": "system", "content": "Answer in one word."}

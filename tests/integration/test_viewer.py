@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from looprl.trajectory_files import read_step, step_path, write_step
+from looprl.runs.trajectories import read_step, step_path, write_step
 from tests.support.chromium import CHROMIUM_ARGS, find_chromium
 from tests.support.serving import free_port, running_server
 from tests.support.synthetic_run import metric_records, trajectory_rows, write_synthetic_run

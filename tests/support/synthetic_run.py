@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 from looprl.config import load_config
-from looprl.trajectory_files import write_step
+from looprl.runs.trajectories import write_step
 
 WORDS = ["the", "of", "a", "to", "and", "is", "in", "that", "it", "for", "on", "with", "as"]
 
@@ -89,7 +89,7 @@ def metric_records(steps: int, eval_every: int) -> list[dict]:
 
 
 def trajectory_rows(step: int, rows: int, group_size: int, tokens: int) -> list[dict]:
-    """One step's trajectories (`looprl.trajectory_files.SCHEMA`): a 40-token prompt
+    """One step's trajectories (`looprl.runs.trajectories.SCHEMA`): a 40-token prompt
     (mask 0), then the completion (mask 1), with a 10-token tool result (mask 0) in its
     middle on odd sample indices; `tokens` >= 60 (the needle is the 46th token)."""
     rng = random.Random(step)

@@ -3,9 +3,9 @@ import logging
 import pytest
 import torch
 
-from looprl import checkpoint as ck
 from looprl.config import load_config
 from looprl.loop import DataStream, resume_point
+from looprl.runs import checkpoint as ck
 
 
 def _save(run_dir, step, cfg, keep_last=3):
@@ -44,7 +44,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, caplog, 
     else:  # killed before the manifest was written (a real kill leaves a .tmp-* folder)
         (newest / ck.MANIFEST).unlink()
         (newest.parent / ".tmp-step_000003-1").mkdir()
-    with caplog.at_level(logging.WARNING, logger="looprl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="looprl.runs.checkpoint"):
         found = ck.load_latest(cfg.run_dir)
     assert found.step == 1
     expected = {"truncate": "truncated", "flip": "sha256", "unfinished": "did not finish"}
@@ -79,7 +79,7 @@ def test_harmless_changes_are_accepted_and_listed(tmp_path, caplog):
     old = _cfg(tmp_path)
     _save(old.run_dir, 2, old)
     new = _cfg(tmp_path, "train.total_steps=40", "eval.every_steps=10", "run.log_level=DEBUG")
-    with caplog.at_level(logging.INFO, logger="looprl.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="looprl.runs.checkpoint"):
         assert resume_point(new).step == 2
     assert "train.total_steps: 12 -> 40" in caplog.text
     assert "eval.every_steps: 4 -> 10" in caplog.text

@@ -8,10 +8,10 @@ import pytest
 from looprl.config import ConfigError, load_config
 from looprl.envs.base import InvalidAction, make_env, parse_action
 from looprl.envs.gymnasium import GymnasiumEnv, describe_blackjack, describe_cart_pole
-from looprl.envs.workflow import EnvWorkflow, returns_to_go
 from looprl.rollout.outcome import RolloutOutcome, check_reward, summarize
 from looprl.tasks import load_task
 from looprl.types import EpisodeReward
+from looprl.workflows.env import EnvWorkflow, returns_to_go
 
 LAKE = ["SFH", "FFF", "HFG"]
 
@@ -284,7 +284,7 @@ def test_accuracy_counts_success_where_a_workflow_gives_it():
 
 def test_env_name_makes_the_env_task_and_workflow_the_defaults(tmp_path):
     cfg = load_config(None, ["env.name=gymnasium:FrozenLake-v1"])
-    assert (cfg.task.name, cfg.workflow.path) == ("env", "looprl.envs:EnvWorkflow")
+    assert (cfg.task.name, cfg.workflow.path) == ("env", "looprl.workflows:EnvWorkflow")
     assert load_config(str(cfg.save(tmp_path)), []) == cfg
 
 
@@ -293,7 +293,7 @@ def test_env_name_makes_the_env_task_and_workflow_the_defaults(tmp_path):
     [
         (["task.name=env"], "task.name=env plays episodes of env.name, which is not set"),
         (["env.name=x:y", "task.name=arithmetic"], "not on task.name=arithmetic rows"),
-        (["env.name=x:y", "workflow.path=looprl.workflow:RLVRWorkflow"], "cannot play"),
+        (["env.name=x:y", "workflow.path=looprl.workflows:RLVRWorkflow"], "cannot play"),
         (["env.name=x:y", "env.max_turns=0"], "env.max_turns=0"),
         (["env.name=x:y", "env.discount=1.5"], "env.discount=1.5"),
         (["env.name=x:y", "env.workers=0"], "env.workers=0"),

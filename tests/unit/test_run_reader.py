@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from looprl.trajectory_files import TrajectoryFileError, step_path, write_step
+from looprl.runs.trajectories import TrajectoryFileError, step_path, write_step
 from looprl.viewer.run_reader import RunReader, read_metrics
 from tests.support.synthetic_run import trajectory_rows, write_synthetic_run
 

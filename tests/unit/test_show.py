@@ -3,7 +3,7 @@ from typer.testing import CliRunner
 from looprl.cli import app
 from looprl.commands.show import PROMPT_STYLE, SAMPLED_STYLES, _ranges, tokens
 from looprl.envs.frames import frame_path
-from looprl.trajectory_files import step_path, step_rows, write_step
+from looprl.runs.trajectories import step_path, step_rows, write_step
 from tests.unit.test_trajectory_files import step_fixture, token_text
 
 

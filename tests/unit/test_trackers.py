@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from looprl.config import ConfigError, load_config
-from looprl.metrics import Metrics, sample_rows
+from looprl.runs.metrics import Metrics, sample_rows
 from looprl.trackers import flatten, start_trackers
 from looprl.types import Trajectory
 
@@ -89,7 +89,7 @@ JOB = """
 import sys
 from pathlib import Path
 from looprl.config import load_config
-from looprl.metrics import Metrics
+from looprl.runs.metrics import Metrics
 from looprl.trackers import start_trackers
 from tests.unit.test_trackers import log_the_job
 
@@ -223,7 +223,7 @@ def test_no_samples_are_decoded_when_samples_per_step_is_0(tmp_path):
 def test_a_failing_tracker_is_logged_once_turned_off_and_the_jsonl_stays_complete(tmp_path, caplog):
     failing, healthy = Recording(fail_on=2), Recording()
     with (
-        caplog.at_level(logging.ERROR, logger="looprl.metrics"),
+        caplog.at_level(logging.ERROR, logger="looprl.runs.metrics"),
         Metrics(tmp_path, 2, show_progress=False, trackers=[failing, healthy]) as m,
     ):
         log_the_job(m)
@@ -423,7 +423,7 @@ def test_the_plot_shows_the_mismatch_under_the_reward():
     import matplotlib
 
     matplotlib.use("Agg")
-    from looprl.metrics import figure
+    from looprl.runs.metrics import figure
 
     records = [
         {"kind": "eval", "step": 0, "accuracy": 0.25},

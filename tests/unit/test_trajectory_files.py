@@ -10,8 +10,7 @@ import torch
 from looprl.config import MetricsConfig
 from looprl.rollout.outcome import RolloutOutcome, RolloutResult
 from looprl.rollout.trajectory import build_trajectories, call_records
-from looprl.training.batch import build_batch
-from looprl.trajectory_files import (
+from looprl.runs.trajectories import (
     SCHEMA,
     TrajectoryFileError,
     TrajectoryWriter,
@@ -22,6 +21,7 @@ from looprl.trajectory_files import (
     step_rows,
     write_step,
 )
+from looprl.training.batch import build_batch
 from looprl.types import Interaction
 
 # The contract with the viewer, written out: these names, types and order.
@@ -239,7 +239,7 @@ async def test_a_failed_write_keeps_the_old_file_and_is_counted_not_raised(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pq, "write_table", disk_full)
-    with caplog.at_level(logging.WARNING, logger="looprl.trajectory_files"):
+    with caplog.at_level(logging.WARNING, logger="looprl.runs.trajectories"):
         for _ in range(2):
             stats = await writer.write(1, rollout, batch, FakeTrainer(trainer))
     assert stats["trajectories_write_errors"] == 2

@@ -1,6 +1,7 @@
 import pytest
 
-from looprl.workflow import RLVRWorkflow, resolve_workflow
+from looprl.workflows.protocol import resolve_workflow
+from looprl.workflows.rlvr import RLVRWorkflow
 
 
 class CountingWorkflow:
@@ -24,7 +25,7 @@ async def test_resolves_instance_class_string_and_function():
     assert isinstance(by_name, CountingWorkflow)
     assert await resolve_workflow(plain_function).run({}) == 0.5
     rlvr = resolve_workflow(
-        "looprl.workflow:RLVRWorkflow",
+        "looprl.workflows:RLVRWorkflow",
         {"reward_fn": "looprl.tasks.arithmetic:arithmetic_reward"},
     )
     assert isinstance(rlvr, RLVRWorkflow)
@@ -34,7 +35,7 @@ def test_bad_specs_say_what_is_wrong():
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
         resolve_workflow("no_such_mod:Agent")
     with pytest.raises(ValueError, match="has no 'Nope'"):
-        resolve_workflow("looprl.workflow:Nope")
+        resolve_workflow("looprl.workflows:Nope")
     with pytest.raises(TypeError, match="not a workflow"):
         resolve_workflow(lambda data: 1.0)
     with pytest.raises(TypeError, match="cannot build workflow CountingWorkflow"):

@@ -15,7 +15,7 @@ every step, as the Gymnasium adapters do, judges an episode that max_turns cut s
 else episode return > 0 (what held-out accuracy counts).
 
 Frames (env.frames_every = N > 0): one episode in N is reset with `record=True` and its
-frames are saved when it ends, in `RUN_DIR/frames/<session_id>.gif` (frames.py), the
+frames are saved when it ends, in `RUN_DIR/frames/<session_id>.gif` (runs/paths.py), the
 session id being the gateway's (base_url ends /sessions/{id}/v1), which the episode's
 rows in the trajectory files hold.
 
@@ -30,14 +30,12 @@ import itertools
 import logging
 from typing import Any
 
-import httpx
-from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-
 from looprl.config import EnvConfig
 from looprl.envs.base import InvalidAction
-from looprl.envs.frames import frame_path, frames_dir
 from looprl.envs.workers import EnvWorkers
+from looprl.runs.paths import frame_file
 from looprl.types import EpisodeReward
+from looprl.workflows.client import session_client
 
 log = logging.getLogger(__name__)
 
@@ -55,29 +53,22 @@ def returns_to_go(rewards: list[float], discount: float) -> list[float]:
     return returns[::-1]
 
 
-def _http_client() -> httpx.AsyncClient:
-    """A connection per call and no timeout. Between two turns a connection can sit idle
-    longer than the gateway keeps it (uvicorn closes idle ones after 5 s), and a call on
-    one it is closing fails; rollout.timeout_s bounds the episode, while on a loaded CPU
-    the gateway can take longer than httpx's 5 s to accept a connection."""
-    return DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
-
-
 class EnvWorkflow:
     """Plays episodes of `name` (see EnvConfig in looprl/config.py for every field); a
     dataset row is `{"seed": N}` (task.name=env), with optional reset `options`.
-    `run_dir` is where env.frames_every saves frames (configured_workflow passes it)."""
+    `frames_dir` is where env.frames_every saves frames (the run's, which
+    configured_workflow passes)."""
 
-    def __init__(self, run_dir: str | None = None, **fields: Any):
+    def __init__(self, frames_dir: str | None = None, **fields: Any):
         self.cfg = EnvConfig(**fields)
         if not self.cfg.name:
             raise ValueError("EnvWorkflow needs env.name, e.g. env.name=gymnasium:FrozenLake-v1")
-        if self.cfg.frames_every and run_dir is None:
+        if self.cfg.frames_every and frames_dir is None:
             raise ValueError(
                 f"env.frames_every={self.cfg.frames_every} saves frames in the run dir: "
-                "give EnvWorkflow(run_dir=...), or set env.frames_every=0"
+                "give EnvWorkflow(frames_dir=...), or set env.frames_every=0"
             )
-        self.run_dir = run_dir
+        self.frames_dir = frames_dir
         self.episodes = itertools.count()  # episodes begun, for env.frames_every
         max_frames = self.cfg.frames_max_per_episode if self.cfg.frames_every else 0
         self.workers = EnvWorkers(
@@ -88,7 +79,7 @@ class EnvWorkflow:
             log.info(
                 "Saving the frames of one env episode in %d to %s/<session_id>.gif",
                 self.cfg.frames_every,
-                frames_dir(run_dir),
+                frames_dir,
             )
 
     def __repr__(self) -> str:
@@ -105,13 +96,7 @@ class EnvWorkflow:
         success = None
         async with (
             self.workers.episode() as env,
-            AsyncOpenAI(
-                base_url=base_url,
-                api_key=api_key,
-                max_retries=0,
-                timeout=httpx.Timeout(None),
-                http_client=_http_client(),
-            ) as client,
+            session_client(base_url, api_key) as client,
         ):
             every = cfg.frames_every
             record = bool(every) and next(self.episodes) % every == 0
@@ -135,7 +120,7 @@ class EnvWorkflow:
                     break
             if record:
                 session_id = base_url.rstrip("/").split("/")[-2]  # .../sessions/{id}/v1
-                await env.save_frames(frame_path(self.run_dir, session_id))
+                await env.save_frames(frame_file(self.frames_dir, session_id))
         total = sum(reward for _, reward in credit)
         to_go = returns_to_go([reward for _, reward in credit], cfg.discount)
         return EpisodeReward(

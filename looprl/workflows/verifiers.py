@@ -37,12 +37,10 @@ import json
 import signal
 from typing import Any
 
-import httpx
-from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-
 from looprl.config import TaskConfig
 from looprl.envs.base import ENVS_EXTRA, EnvFailed
 from looprl.types import EpisodeReward
+from looprl.workflows.client import session_client
 
 
 def load_environment(env_id: str, kwargs: dict[str, Any]):
@@ -119,20 +117,6 @@ def _rows(dataset, env_id: str) -> list[dict]:
     return rows
 
 
-def rubric_scores_rows(prompt: str, completion: str, **row) -> float:
-    """task.name=verifiers has no reward function: the env's rubric gives the rewards."""
-    raise ValueError(
-        "task.name=verifiers rows are scored by their environment's rubric, in "
-        "looprl.envs.verifiers:VerifiersWorkflow, not by a reward function"
-    )
-
-
-def _http_client() -> httpx.AsyncClient:
-    """A connection per call: one left idle between two turns can be closed by the gateway
-    as it is reused (see looprl/envs/workflow.py)."""
-    return DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
-
-
 class VerifiersWorkflow:
     """Runs rollouts of the verifiers environment `env_id` (built with `env_kwargs`) on
     its rows, each scored by the env's rubric (see the module docstring)."""
@@ -150,13 +134,7 @@ class VerifiersWorkflow:
         from verifiers.legacy.clients import OpenAIChatCompletionsClient
         from verifiers.legacy.utils.error_utils import ErrorChain
 
-        async with AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=httpx.Timeout(None),
-            http_client=_http_client(),
-        ) as client:
+        async with session_client(base_url, api_key) as client:
             state = await self.env.rollout(data, OpenAIChatCompletionsClient(client), model)
             try:
                 if state["error"] is not None:

@@ -1,0 +1,74 @@
+"""Which workflow a config names, and opening it with its reward for a command.
+
+`configured_workflow` builds the workflow `cfg.workflow` names, filling in what the
+built-in ones take from other sections (the reward, the task's prompt field, the env
+section, the run's frames folder). `open_workflow` is the one way a command gets a
+workflow: the reward opened first (the judge's engine started where it needs one), the
+workflow built on it, and on exit the workflow closed (`close_workflow`: an
+EnvWorkflow's worker processes stop), then the reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from looprl.config import ENV_WORKFLOW, VERIFIERS_WORKFLOW, Config
+from looprl.rewards import Reward, build_reward, open_reward
+from looprl.workflows.agent_process import AgentProcess
+from looprl.workflows.protocol import Workflow, close_workflow, resolve_workflow
+
+if TYPE_CHECKING:
+    from looprl.startup import LocalModel
+
+RLVR_WORKFLOW = "looprl.workflows:RLVRWorkflow"
+
+
+@dataclass(frozen=True)
+class OpenedWorkflow:
+    """A command's workflow and the reward it was built on, both open."""
+
+    workflow: Workflow
+    reward: Reward
+
+
+@asynccontextmanager
+async def open_workflow(
+    cfg: Config, task: Any, *, frames_dir: Path, judge: LocalModel | None = None
+) -> AsyncIterator[OpenedWorkflow]:
+    """The configured reward (with `judge` served where it needs a local engine) and the
+    configured workflow on it; closes the workflow, then the reward, on exit."""
+    async with open_reward(cfg, task, judge) as reward:
+        workflow = configured_workflow(cfg, task, reward, frames_dir=frames_dir)
+        try:
+            yield OpenedWorkflow(workflow, reward)
+        finally:
+            await close_workflow(workflow)
+
+
+def configured_workflow(
+    cfg: Config, task: Any, reward: Reward | None = None, *, frames_dir: Path | None = None
+) -> Workflow:
+    """The workflow `cfg.workflow` names: a program per rollout (subprocess mode), or
+    the object at workflow.path; the built-in RLVRWorkflow gets `reward` (else the one
+    `reward.type` names for `task`), the task's prompt field and system prompt unless
+    workflow.kwargs set them; looprl.workflows:EnvWorkflow gets the env section and
+    `frames_dir` (where env.frames_every saves frames), and looprl.workflows:VerifiersWorkflow the
+    verifiers environment task.dataset names."""
+    kwargs = dict(cfg.workflow.kwargs)
+    if cfg.workflow.mode == "subprocess":
+        return AgentProcess(cfg.workflow.command, **kwargs)
+    if cfg.workflow.path == RLVR_WORKFLOW:
+        if "reward_fn" not in kwargs:
+            kwargs["reward_fn"] = reward or build_reward(cfg, task)
+        kwargs.setdefault("prompt_field", task.prompt_field)
+        kwargs.setdefault("system_prompt", task.system_prompt)
+    if cfg.workflow.path == ENV_WORKFLOW:  # the env section, unless workflow.kwargs say
+        frames = None if frames_dir is None else str(frames_dir)
+        kwargs = {**cfg.env.model_dump(), "frames_dir": frames, **kwargs}
+    if cfg.workflow.path == VERIFIERS_WORKFLOW:
+        kwargs = {"env_id": cfg.task.dataset, "env_kwargs": cfg.task.dataset_kwargs, **kwargs}
+    return resolve_workflow(cfg.workflow.path, kwargs)
