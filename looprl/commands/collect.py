@@ -16,21 +16,24 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from looprl import startup
 from looprl.config import Config
 from looprl.rollout.outcome import RolloutResult, check_reward, run_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.types import EpisodeReward
-from looprl.workflows.resolution import configured_workflow
 
 log = logging.getLogger(__name__)
 
 
 async def collect(cfg: Config, *, rows: int, split: str, out: Path) -> RolloutResult:
+    setup = startup.start(cfg, train=False)
     task = load_task(cfg.task)
     data = (task.train if split == "train" else task.eval)[:rows]
-    workflow = configured_workflow(cfg, task)
-    async with start_single_process(cfg, workflow) as parts:
+    async with (
+        setup.open_workflow(task) as opened,  # a judge's engine, env workers: closed after
+        start_single_process(setup, opened.workflow) as parts,
+    ):
         total = len(data) * cfg.rollout.group_size
         done = Counter()
 
@@ -56,8 +59,15 @@ async def collect(cfg: Config, *, rows: int, split: str, out: Path) -> RolloutRe
 async def debug_workflow(
     cfg: Config, *, base_url: str, api_key: str, model: str, concurrency: int
 ) -> dict[str, Any]:
+    setup = startup.start(cfg, train=False)
     task = load_task(cfg.task)
-    workflow = configured_workflow(cfg, task)
+    async with setup.open_workflow(task) as opened:
+        return await _debug(opened.workflow, task, cfg, base_url, api_key, model, concurrency)
+
+
+async def _debug(
+    workflow, task, cfg: Config, base_url: str, api_key: str, model: str, concurrency: int
+) -> dict[str, Any]:
     rows = (task.train * (concurrency // max(len(task.train), 1) + 1))[: concurrency + 1]
 
     async def one(row: dict) -> tuple[float, float | None, str | None]:

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from looprl import startup
 from looprl.config import Config, EngineConfig
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
-from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
+from looprl.runs.paths import RunPaths
 from looprl.scheduling.parts import build_trainer
 from looprl.tasks import load_task
 from looprl.training.batch import TrainBatch, build_batch
@@ -165,11 +165,19 @@ async def check_consistency(
     folders) go to <run_dir>/consistency."""
     if samples < 1:
         raise ValueError(f"--samples={samples} must be >= 1")
-    torch.manual_seed(cfg.run.seed)
-    tokenizer = load_tokenizer(cfg.model.path)
-    policy = load_model(cfg.model.path, cfg.model.dtype)
     no_kl = cfg.train.model_copy(update={"kl_coef": 0.0})  # no reference model needed
-    trainer = build_trainer(cfg.model_copy(update={"train": no_kl}), policy)
+    setups = {  # start-up for each engine type, before anything runs
+        engine_type: startup.start(
+            cfg.model_copy(update={"train": no_kl, "engine": _engine_config(cfg, engine_type)}),
+            train=False,
+        )
+        for engine_type in engine_types
+    }
+    first = setups[engine_types[0]]
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = first.model.tokenizer
+    policy = first.model.load(cfg.model.dtype).to(first.device)
+    trainer = build_trainer(first, policy)
     prompts = task_prompts(cfg, tokenizer, samples)
     sampling = SamplingParams(
         max_new_tokens=cfg.sampling.max_new_tokens,
@@ -178,14 +186,8 @@ async def check_consistency(
         top_k=cfg.sampling.top_k,
     )
     reports = []
-    for engine_type in engine_types:
-        engine_cfg = (
-            cfg.engine
-            if engine_type == cfg.engine.type
-            else EngineConfig(type=engine_type, dtype=cfg.engine.dtype)
-        )
-        run_cfg = cfg.model_copy(update={"engine": engine_cfg})
-        engine = await start_engine(run_cfg, policy, tokenizer, Path(cfg.run_dir, "consistency"))
+    for engine_type, setup in setups.items():
+        engine = await start_engine(setup, policy, RunPaths(setup.paths.root / "consistency"))
         try:
             generations, batch = await sample(engine, tokenizer, prompts, sampling)
         finally:
@@ -197,6 +199,14 @@ async def check_consistency(
             name = f"{engine_type}, trainer untruncated"
             reports.append(compare(generations, batch, full, tokenizer, name, worst))
     return reports
+
+
+def _engine_config(cfg: Config, engine_type: str) -> EngineConfig:
+    """The configured engine section for its own type; another type's defaults, with
+    engine.dtype."""
+    if engine_type == cfg.engine.type:
+        return cfg.engine
+    return EngineConfig(type=engine_type, dtype=cfg.engine.dtype)
 
 
 def _untruncated_logprobs(trainer: Trainer, batch: TrainBatch) -> torch.Tensor:

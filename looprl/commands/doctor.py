@@ -21,7 +21,7 @@ from looprl import precision, runtime
 from looprl.config import Config
 from looprl.diagnostics.checks import Check
 from looprl.diagnostics.rendering import check_rendering
-from looprl.models import model_config
+from looprl.models import resolve_model
 
 MIN_FREE_GB = 5.0
 
@@ -70,7 +70,7 @@ def check_precision(cfg: Config) -> list[Check]:
     """What the engine and the trainer would run in here (`auto` or the config's choice),
     what forcing the other dtype would cost, and whether an explicit choice can run."""
     try:
-        shape = precision.layer_shape(model_config(cfg.model.path))
+        shape = precision.layer_shape(resolve_model(cfg.model.path).config)
     except (OSError, ValueError) as e:
         return [Check("precision", "warn", f"cannot read model.path={cfg.model.path!r}: {e}")]
     found = precision.probe("cpu", *shape)

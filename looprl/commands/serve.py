@@ -13,11 +13,10 @@ import logging
 import signal
 from pathlib import Path
 
+from looprl import startup
 from looprl.config import EngineConfig
-from looprl.engines.local import LocalEngine
-from looprl.gateway import GatewayServer, SessionStore, create_app
-from looprl.gateway.server import is_loopback
-from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, load_tokenizer, model_config
+from looprl.gateway.server import is_loopback, serve_sessionless
+from looprl.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +55,22 @@ async def _serve_model(
 ) -> None:
     if model_name is None:
         model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
-    engine = LocalEngine.from_config(model_path, EngineConfig(dtype=dtype))
-    log.info("Precision: %s", engine.precision.describe())
-    app = create_app(
-        engine,
-        load_tokenizer(model_path),
-        model_name=model_name,
-        store=SessionStore(),
-        sessionless=True,
-        max_model_len=model_config(model_path).max_position_embeddings,
-        sessionless_api_key=api_key,
-    )
+    local = startup.serve_on_local_engine(model_path, EngineConfig(dtype=dtype))
+    engine = local.engine()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with GatewayServer(app, host, port) as server:
+        async with serve_sessionless(
+            engine,
+            local.files.tokenizer,
+            model_name=model_name,
+            max_model_len=local.files.context_length,
+            host=host,
+            port=port,
+            api_key=api_key,
+        ) as server:
             log.info(
                 "Serving %s at %s/v1 (any model name is accepted); Ctrl-C stops",
                 model_name,

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
+from looprl import startup
 from looprl.config import Config
-from looprl.models import load_model, load_tokenizer
 from looprl.runs.metrics import Metrics
-from looprl.scheduling.single_process import save_policy
+from looprl.scheduling.parts import build_trainer
 from looprl.training.batch import TrainBatch, build_batch
+from looprl.training.policy_folder import save_policy
 from looprl.training.sft_data import load_chats
 from looprl.training.trainer import Trainer
 from looprl.types import Trajectory
@@ -66,10 +67,16 @@ def check(cfg: Config) -> None:
 def run_sft(cfg: Config, *, show_progress: bool = True) -> SftSummary:
     check(cfg)
     start = time.monotonic()
-    run_dir = cfg.run_dir
+    # One update per batch at temperature 1, no truncation: the loss is the likelihood's.
+    train_cfg = cfg.train.model_copy(
+        update={"mismatch_correction": "none", "ppo_epochs": 1, "mini_batches": 1}
+    )
+    sampling = cfg.sampling.model_copy(update={"temperature": 1.0, "top_k": 0, "top_p": 1.0})
+    setup = startup.start(cfg.model_copy(update={"train": train_cfg, "sampling": sampling}))
+    run_dir = setup.paths.root
     cfg.save(run_dir)
     torch.manual_seed(cfg.run.seed)
-    tokenizer = load_tokenizer(cfg.model.path)
+    tokenizer = setup.model.tokenizer
     train_chats = load_chats(cfg.sft.data_path, tokenizer, cfg.sft.max_tokens)
     held_out = (
         load_chats(cfg.sft.eval_path, tokenizer, cfg.sft.max_tokens).trajectories
@@ -79,17 +86,14 @@ def run_sft(cfg: Config, *, show_progress: bool = True) -> SftSummary:
     rows = train_chats.trajectories
     steps_per_epoch = math.ceil(len(rows) / cfg.sft.batch_size)
     total_steps = cfg.sft.epochs * steps_per_epoch
-    # One update per batch at temperature 1, no truncation: the loss is the likelihood's.
-    train_cfg = cfg.train.model_copy(
-        update={
-            "total_steps": total_steps,
-            "mismatch_correction": "none",
-            "ppo_epochs": 1,
-            "mini_batches": 1,
-        }
+    setup = replace(
+        setup,
+        cfg=setup.cfg.model_copy(
+            update={"train": train_cfg.model_copy(update={"total_steps": total_steps})}
+        ),
     )
-    model = load_model(cfg.model.path, cfg.model.dtype)
-    trainer = Trainer(model, train_cfg, temperature=1.0, lora=cfg.model.lora)
+    model = setup.model.load(cfg.model.dtype).to(setup.device)
+    trainer = build_trainer(setup, model)
     log.info(
         "Fine-tuning on %d chats of %s (%d lines skipped), %d held out: %d epochs x %d "
         "steps of %d chats, run dir %s",
@@ -133,7 +137,7 @@ def run_sft(cfg: Config, *, show_progress: bool = True) -> SftSummary:
                     _evaluate(trainer, held_out, pad, metrics, step=step)
         after = _evaluate(trainer, held_out, pad, metrics, step=total_steps)
     model_dir = save_policy(
-        trainer.model, tokenizer, run_dir / "model", merged=cfg.model.lora.save_merged
+        trainer.model, tokenizer, setup.paths.model, merged=cfg.model.lora.save_merged
     )
     log.info("Saved the fine-tuned policy to %s", model_dir)
     return SftSummary(before, after, total_steps, (time.monotonic() - start) / 60, model_dir)

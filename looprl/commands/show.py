@@ -5,7 +5,8 @@ Prints the header (step, group, reward, advantage, staleness, policy version), e
 call's messages and reply, then the token sequence coloured by the loss mask (sampled
 tokens highlighted, prompt tokens dim), with errors and concatenation breaks in red, and
 the episode's frames file when env.frames_every saved one. Reads only what
-trajectory_files.py and envs/frames.py write; knows nothing of training.
+looprl/runs/trajectories.py and envs/frames.py write, where `RunPaths` (looprl/runs/
+paths.py) says they are; knows nothing of training.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.rule import Rule
 from rich.text import Text
 
-from looprl.envs.frames import frame_path
+from looprl.runs.paths import RunPaths, frame_file
 from looprl.runs.trajectories import TrajectoryFileError, list_steps, read_step
 
 # Alternating backgrounds, so that neighbouring sampled tokens show as two tokens.
@@ -27,21 +28,22 @@ PROMPT_STYLE = "dim"
 
 
 def pick_rollout(
-    run_dir: Path, *, step: int | None = None, index: int = 0, group: str | None = None
+    run_dir: Path | RunPaths, *, step: int | None = None, index: int = 0, group: str | None = None
 ) -> tuple[Path, dict[str, Any], int]:
     """The file, the row and the number of rows it was chosen among: row `index` of step
     `step` (default: the latest written), among the rows of `group` when given. Raises
     TrajectoryFileError with a sentence saying what exists instead."""
-    steps = dict(list_steps(run_dir))
+    paths = RunPaths.of(run_dir)
+    steps = dict(list_steps(paths))
     if not steps:
         raise TrajectoryFileError(
-            f"{run_dir}: no trajectory files (trajectories/step_*.parquet); they are written "
-            "by `looprl train` every metrics.trajectories_every steps"
+            f"{paths.root}: no trajectory files ({paths.trajectories.name}/step_*.parquet); "
+            "they are written by `looprl train` every metrics.trajectories_every steps"
         )
     chosen = max(steps) if step is None else step
     if chosen not in steps:
         raise TrajectoryFileError(
-            f"{run_dir}: no trajectory file for step {chosen}; steps written: "
+            f"{paths.root}: no trajectory file for step {chosen}; steps written: "
             f"{_ranges(sorted(steps))}"
         )
     rows = read_step(steps[chosen])
@@ -58,17 +60,18 @@ def pick_rollout(
 
 
 def show_rollout(
-    run_dir: Path,
+    run_dir: Path | RunPaths,
     *,
     step: int | None = None,
     index: int = 0,
     group: str | None = None,
     console: Console,
 ) -> None:
-    path, row, count = pick_rollout(run_dir, step=step, index=index, group=group)
+    paths = RunPaths.of(run_dir)
+    path, row, count = pick_rollout(paths, step=step, index=index, group=group)
     console.print(Rule(f"{path.name}: row {index} of {count}"))
     console.print(header(row))
-    frames = frame_path(run_dir, row["session_id"])
+    frames = frame_file(paths.frames, row["session_id"])
     if frames.is_file():  # saved by env.frames_every
         console.print(Text(f"frames: {frames}", style="cyan"))
     for k, call in enumerate(row["calls"]):

@@ -1,18 +1,20 @@
 """Hang watchdog: a thread in every looprl process that reports when progress stops.
 
-Owns `HangWatchdog` and the run's process registry, `<run_dir>/processes/<name>.json`
-(pid, role, rank, host, start time), which tells a watchdog whom to ask for stacks and
-who has exited. Does not own what counts as progress (the caller's `beat()`s) nor the
-reading of stacks (`hangs.py`).
+Owns `HangWatchdog` and the run's process registry, `<name>.json` in the run's
+processes folder (`RunPaths.processes`; pid, role, rank, host, start time, each entry
+written atomically through looprl/runs/atomic.py), which tells a watchdog whom to ask
+for stacks and who has exited. Does not own what counts as progress (the caller's
+`beat()`s) nor the reading of stacks (`hangs.py`). Its functions take the run
+directory, its root or its RunPaths.
 
 Concurrency contract. `beat()` may be called from any thread (two float stores). The
 watchdog's daemon thread wakes every `poll_s`; when the last beat is older than
-`timeout_s` and this stall has not been reported, it takes `<run_dir>/hangs/.lock`
-(flock: the run's processes report one at a time) and, unless a report was written
-after its last beat (one report per stall, whichever process stalled first), asks every
-registered live process on this host for its stacks (SIGUSR1 -> faulthandler, which
-answers even from inside a C++ collective), classifies them, writes
-`<run_dir>/hangs/hang-<time>-<name>.txt` and logs the summary. With `abort`, it then
+`timeout_s` and this stall has not been reported, it takes `.lock` in the run's hangs
+folder (`RunPaths.hangs`; flock: the run's processes report one at a time) and, unless
+a report was written after its last beat (one report per stall, whichever process
+stalled first), asks every registered live process on this host for its stacks
+(SIGUSR1 -> faulthandler, which answers even from inside a C++ collective), classifies
+them, writes `hang-<time>-<name>.txt` there and logs the summary. With `abort`, it then
 stops every other registered process (SIGTERM, SIGKILL after `STOP_GRACE_S`) and its
 own with exit code 1. `stop()` ends the thread (joined); a failure inside the thread is
 logged and the thread goes on watching.
@@ -39,6 +41,8 @@ from pathlib import Path
 from looprl.config import DiagnosticsConfig
 from looprl.diagnostics.hangs import classify_hang, locate
 from looprl.diagnostics.stacks import install_stack_dump, signal_stacks
+from looprl.runs.atomic import atomic_write_text
+from looprl.runs.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +78,15 @@ class HangWatchdog:
 
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: Path | RunPaths,
         name: str,
         diagnostics: DiagnosticsConfig,
         *,
         role: str = "driver",
         rank: int | None = None,
     ):
-        self.run_dir, self.name = Path(run_dir), name
+        self.paths, self.name = RunPaths.of(run_dir), name
+        self.run_dir = self.paths.root
         self.timeout_s, self.abort = diagnostics.hang_timeout_s, diagnostics.hang_abort
         self.role, self.rank = role, rank
         self.poll_s = min(1.0, self.timeout_s / 4)
@@ -103,7 +108,7 @@ class HangWatchdog:
         if self.timeout_s <= 0:
             return self
         install_stack_dump()  # registered processes are asked for stacks with SIGUSR1
-        register(self.run_dir, self.name, role=self.role, rank=self.rank)
+        register(self.paths, self.name, role=self.role, rank=self.rank)
         self.beat()
         self._thread = threading.Thread(target=self._watch, name="looprl-watchdog", daemon=True)
         self._thread.start()
@@ -137,7 +142,7 @@ class HangWatchdog:
 
     def report(self) -> Path | None:
         """Write and log a hang report, unless one was written since our last beat."""
-        hangs = self.run_dir / "hangs"
+        hangs = self.paths.hangs
         hangs.mkdir(parents=True, exist_ok=True)
         with (hangs / ".lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -162,7 +167,7 @@ class HangWatchdog:
         return path
 
     def _report_text(self, stalled_s: float) -> tuple[str, str]:
-        processes = registered(self.run_dir)
+        processes = registered(self.paths)
         stacks = collect_stacks(processes)
         ranks = [p for p in processes if p.rank is not None and p.label in stacks]
         judged = ranks or [p for p in processes if p.label in stacks]
@@ -185,7 +190,7 @@ class HangWatchdog:
         return "\n".join(lines) + "\n", hang.summary
 
     def _abort_run(self) -> None:
-        others = [p for p in registered(self.run_dir) if p.pid != os.getpid() and _local(p)]
+        others = [p for p in registered(self.paths) if p.pid != os.getpid() and _local(p)]
         log.error(
             "Stopping the run (diagnostics.hang_abort=true): %s and this process (%s).",
             ", ".join(f"{p.label} (pid {p.pid})" for p in others) or "no other process",
@@ -205,9 +210,9 @@ class HangWatchdog:
 # ---- the run's process registry -----------------------------------------------------
 
 
-def register(run_dir: Path, name: str, *, role: str, rank: int | None) -> Path:
-    folder = Path(run_dir) / "processes"
-    folder.mkdir(parents=True, exist_ok=True)
+def register(run_dir: Path | RunPaths, name: str, *, role: str, rank: int | None) -> Path:
+    """Enter this process in the run's registry as `name` (replacing an entry of that
+    name), atomically: a watchdog reading the registry sees the whole entry or none."""
     stat = _proc_stat(os.getpid())
     entry = {
         "name": name,
@@ -217,26 +222,20 @@ def register(run_dir: Path, name: str, *, role: str, rank: int | None) -> Path:
         "host": socket.gethostname(),
         "start_ticks": stat[1] if stat else None,
     }
-    path = folder / f"{name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entry))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(RunPaths.of(run_dir).processes / f"{name}.json", json.dumps(entry))
 
 
-def registered(run_dir: Path) -> list[Registered]:
+def registered(run_dir: Path | RunPaths) -> list[Registered]:
     """The run's processes, ranks in rank order first."""
-    found = [
-        Registered(**json.loads(p.read_text()))
-        for p in (Path(run_dir) / "processes").glob("*.json")
-    ]
+    folder = RunPaths.of(run_dir).processes
+    found = [Registered(**json.loads(p.read_text())) for p in folder.glob("*.json")]
     return sorted(found, key=lambda p: (p.rank is None, p.rank or 0, p.name))
 
 
-def forget_processes(run_dir: Path, pattern: str = "*") -> None:
+def forget_processes(run_dir: Path | RunPaths, pattern: str = "*") -> None:
     """Drop registrations left by an earlier run in this run dir (they would read as
     exited processes of this one)."""
-    for path in (Path(run_dir) / "processes").glob(f"{pattern}.json"):
+    for path in RunPaths.of(run_dir).processes.glob(f"{pattern}.json"):
         path.unlink(missing_ok=True)
 
 

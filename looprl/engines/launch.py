@@ -9,17 +9,20 @@ logs and weight folders go under the run directory given.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from looprl.config import Config, EngineConfig
+from looprl.config import EngineConfig
 from looprl.engines.base import Engine, EngineError
 from looprl.engines.local.engine import LocalEngine
 from looprl.engines.servers.sglang import SGLangEngine
 from looprl.engines.servers.vllm import VLLMEngine
-from looprl.precision import engine_precision, layer_shape, probe
+from looprl.runs.paths import RunPaths
+
+if TYPE_CHECKING:
+    from looprl.startup import Setup
 
 
 def visible_gpus() -> int:
@@ -59,22 +62,27 @@ def check_placement(cfg: EngineConfig, gpus: int) -> None:
         )
 
 
-async def start_engine(cfg: Config, model: nn.Module, tokenizer, run_dir: Path) -> Engine:
-    """The engine for `cfg.engine`, serving `model`'s current weights as version 0.
+async def start_engine(
+    setup: Setup, model: nn.Module, paths: RunPaths, engine_cfg: EngineConfig | None = None
+) -> Engine:
+    """The engine for `setup` (or `engine_cfg`, the setup's engine section as a scheduler
+    adjusted it), serving `model`'s current weights as version 0, in the precision
+    start-up decided.
 
     The local engine copies `model`; a remote engine writes its weights to
-    <run_dir>/weights and starts (or reloads) its server on them, logging to
-    <run_dir>/logs. Stop it with `await engine.stop()`.
+    `paths.weights` and starts (or reloads) its server on them, logging to
+    `paths.server_logs`. Stop it with `await engine.stop()`.
     """
-    engine_cfg = cfg.engine
+    cfg = setup.cfg
+    engine_cfg = engine_cfg or cfg.engine
+    tokenizer = setup.model.tokenizer
     gpus = visible_gpus()
     check_placement(engine_cfg, gpus)
     if engine_cfg.type == "local":
-        return LocalEngine.for_model(model, tokenizer, engine_cfg)
-    # A server gets a concrete dtype: the one chosen for the devices it is launched on.
-    found = probe("cuda" if gpus else "cpu", *layer_shape(model.config))
-    dtype = engine_precision(engine_cfg, found).dtype
-    engine_cfg = engine_cfg.model_copy(update={"dtype": dtype})
+        return LocalEngine.for_model(model, tokenizer, engine_cfg, setup.precision.engine)
+    # A server gets a concrete dtype: the one start-up chose for the devices it runs on.
+    engine_cfg = engine_cfg.model_copy(update={"dtype": setup.precision.engine.dtype})
+    run_dir = paths.root
     remote = VLLMEngine if engine_cfg.type == "vllm" else SGLangEngine
     if engine_cfg.url is not None:
         return await remote.connect(engine_cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)

@@ -1,12 +1,14 @@
 """Episode frames: what a rendering env showed at reset and after each step, saved as one
-animated GIF per episode in `RUN_DIR/frames/<session_id>.gif`, where session_id is the
-one of the episode's rows in the trajectory files (`env.frames_every`).
+animated GIF per episode in the run's frames folder, `<session_id>.gif`, where
+session_id is the one of the episode's rows in the trajectory files (`env.frames_every`).
+Where the file goes is not decided here: the caller names it (`frame_file(RunPaths.frames,
+session_id)`, looprl/runs/paths.py).
 
 Owns, in an env worker: `FrameRecorder` (one episode's frames, each downscaled to at most
 FRAME_MAX_SIDE pixels a side and kept as PNG bytes, at most `max_frames` of them),
 `EpisodeFrames` (the worker's recorders and its first render failure, after which it
-renders no more) and `write_gif`; and the file layout (`frame_path`). An env renders by
-Gymnasium's convention: built with render_mode="rgb_array", its `render()` returns an
+renders no more) and `write_gif` (atomic, through looprl/runs/atomic.py). An env renders
+by Gymnasium's convention: built with render_mode="rgb_array", its `render()` returns an
 (H, W, 3) uint8 array.
 
 The cap: a recorder keeps frames 0, stride, 2 x stride, ... and the latest one; when they
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,17 +31,10 @@ import numpy as np
 from PIL import Image
 
 from looprl.diagnostics import rendering
+from looprl.runs.atomic import atomic_write
 
 FRAME_MAX_SIDE = 240  # pixels: a 600x400 CartPole frame is saved as 240x160
 FRAME_MS = 100  # how long each frame shows: one turn per tenth of a second
-
-
-def frames_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "frames"
-
-
-def frame_path(run_dir: str | Path, session_id: str) -> Path:
-    return frames_dir(run_dir) / f"{session_id}.gif"
 
 
 class FrameRecorder:
@@ -134,18 +128,16 @@ def _quiet_unraisable() -> Iterator[None]:
 
 
 def write_gif(path: Path, frames: list[bytes]) -> None:
-    """`frames` (PNG bytes) as an animated GIF at `path`, written to a hidden temporary
-    file beside it and renamed, so a reader sees the whole file or none."""
+    """`frames` (PNG bytes) as an animated GIF at `path`, written atomically
+    (`atomic_write`: a reader sees the whole file or none; not fsynced)."""
     images = [Image.open(io.BytesIO(frame)).convert("RGB") for frame in frames]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def save(tmp: Path) -> None:
         images[0].save(
             tmp, format="GIF", save_all=True, append_images=images[1:], duration=FRAME_MS, loop=0
         )
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(path, save)
 
 
 def _small_png(frame: Any) -> bytes:

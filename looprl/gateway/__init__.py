@@ -2,7 +2,7 @@
 
 from looprl.gateway.app import create_app
 from looprl.gateway.errors import APIError
-from looprl.gateway.server import GatewayServer, SessionHandle
+from looprl.gateway.server import GatewayServer, SessionHandle, serve_sessionless
 from looprl.gateway.sessions import Session, SessionStore
 
 __all__ = [
@@ -12,4 +12,5 @@ __all__ = [
     "SessionHandle",
     "SessionStore",
     "create_app",
+    "serve_sessionless",
 ]

@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP API agents talk to.
 
-Owns: the routes, the chat template, turning engine Generations into OpenAI responses
-(JSON or server-sent events), and recording every choice on its session. Does not own
-the request bodies (schemas.py), the error format (errors.py), sampling (the engine) or
-when sessions open and close (the caller, through the SessionStore).
+Owns: the routes and what each does in order (auth, limits, sampling parameters,
+generating, decoding and stop strings, tool-call parsing, answering as JSON or as
+server-sent events when each choice is done) and recording every choice on its
+session. Does not own the prompt (prompts.py: chat template, tokenizing), the response
+bodies (responses.py: choices, logprobs, SSE encoding), the request bodies
+(schemas.py), the error format (errors.py), sampling (the engine) or when sessions open
+and close (the caller, through the SessionStore).
 
 Routes, each also at plain `/v1/...` without auth or recording when `sessionless`:
     POST /sessions/{id}/v1/chat/completions
@@ -42,25 +45,35 @@ Where it departs from OpenAI:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from looprl.config import LimitsConfig, SamplingConfig
 from looprl.engines.base import Engine, EngineError
 from looprl.gateway import limits as limits_lib
+from looprl.gateway import prompts
 from looprl.gateway import tools as tools_lib
 from looprl.gateway.errors import APIError, engine_failed, install_error_handlers
+from looprl.gateway.responses import (
+    SSE_DONE,
+    Call,
+    ChoiceFn,
+    ChunksFn,
+    chat_choice,
+    chat_chunks,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    sse,
+)
 from looprl.gateway.schemas import (
     ChatCompletion,
     ChatRequest,
@@ -77,7 +90,6 @@ from looprl.types import Generation, Interaction, SamplingParams
 
 log = logging.getLogger(__name__)
 
-MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
 DISCONNECT_POLL_S = 0.25  # how often a waiting call checks for a gone client or closed session
 
 # ---- the app -----------------------------------------------------------------------
@@ -239,11 +251,13 @@ class _Gateway:
         limits_lib.check_messages(req.messages, self.limits)
         tools, tool_choice = req.active_tools()
         prefix = tools_lib.forced_prefix(tool_choice)
-        prompt_ids = self._chat_prompt(req, tools, prefix, session)
+        prompt_ids = prompts.chat_prompt(
+            self.tokenizer, req, tools, prefix, session, native_tools=self.native_tools
+        )
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0
         sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
-        call = _Call(
+        call = Call(
             f"chatcmpl-{uuid.uuid4().hex}",
             "chat.completion",
             "chat.completion.chunk",
@@ -270,95 +284,24 @@ class _Gateway:
             content = {"role": "assistant", "content": parsed.content}
             return {**content, "tool_calls": parsed.tool_calls}, "tool_calls"
 
+        def logprobs(gen: Generation) -> dict | None:
+            if not req.logprobs:
+                return None
+            return {"content": chat_logprobs(self.tokenizer, gen)}
+
         def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
-            logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
+            lps = logprobs(gen)
             msg, finish = message(text, finish)
             call.tool_calls[index] = msg.get("tool_calls", [])
-            return {
-                "index": index,
-                "message": msg,
-                "logprobs": logprobs,
-                "finish_reason": finish,
-                "token_ids": gen.output_ids,
-            }
+            return chat_choice(index, gen, msg, finish, lps)
 
         def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
-            logprobs = {"content": self._chat_logprobs(gen)} if req.logprobs else None
+            lps = logprobs(gen)
             delta, finish = message(text, finish)
             call.tool_calls[index] = delta.get("tool_calls", [])
-            if "tool_calls" in delta:
-                delta["tool_calls"] = [
-                    {"index": i, **tool_call} for i, tool_call in enumerate(delta["tool_calls"])
-                ]
-            return [
-                {
-                    "index": index,
-                    "delta": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": None,
-                    "token_ids": gen.output_ids,
-                },
-                {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish},
-            ]
+            return chat_chunks(index, gen, delta, finish, lps)
 
         return await self._respond(request, call, req, sampling, session, choice, chunks)
-
-    def _chat_prompt(
-        self, req: ChatRequest, tools: list[dict], prefix: str, session: Session | None
-    ) -> list[int]:
-        """Prompt token ids: the messages (and tools) through the chat template, then the
-        forced start of a tool call if any; where the text starts with an earlier call's,
-        that call's exact ids. Raises APIError 400 when the template refuses."""
-        messages = tools_lib.render_messages(
-            [m.for_template() for m in req.messages],
-            tools,
-            native=self.native_tools,
-            sampled_texts=session.sampled_texts if session is not None else {},
-        )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools if self.native_tools and tools else None,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except TemplateError as e:
-            raise APIError(
-                400, f"the model's chat template rejected the messages: {e}", "messages"
-            ) from None
-        text += prefix
-        known_ids, known_text = self._sampled_prefix(text, session)
-        rest = text[len(known_text) :]
-        return known_ids + self._tokenize(rest, "messages", add_special_tokens=False)
-
-    def _tokenize(self, text: str, field: str, **kwargs: Any) -> list[int]:
-        """Token ids of `text`; a 400 naming `field` for text no tokenizer takes (a lone
-        surrogate somewhere the schema does not check, e.g. inside tool parameters)."""
-        try:
-            return list(self.tokenizer(text, **kwargs).input_ids)
-        except (TypeError, UnicodeEncodeError) as e:
-            raise APIError(
-                400, f"{field}: the tokenizer cannot encode this text ({e})", field
-            ) from None
-
-    def _sampled_prefix(self, text: str, session: Session | None) -> tuple[list[int], str]:
-        """The token ids of the session's latest call (prompt + sampled output) whose text
-        the new prompt's text starts with, and that text; ([], "") when none.
-
-        Re-tokenizing a sampled output can split it into other ids than the model
-        sampled (a different but equally valid BPE split); reusing the ids keeps the new
-        prompt an extension of what was sampled, so the session concatenates. Each
-        call's text is decoded once, when a later call first looks.
-        """
-        if session is None:
-            return [], ""
-        texts = session.call_texts
-        for it in session.interactions[len(texts) :]:
-            texts.append(self.tokenizer.decode(it.prompt_ids + it.output_ids))
-        for it, known in zip(reversed(session.interactions), reversed(texts), strict=True):
-            if text.startswith(known):
-                return it.prompt_ids + it.output_ids, known
-        return [], ""
 
     def _count_tool_call_error(self, error: str, session: Session | None) -> None:
         """Unparseable calls are answered as plain content, counted, and logged once."""
@@ -372,24 +315,11 @@ class _Gateway:
             )
         self.tool_call_errors += 1
 
-    def _chat_logprobs(self, gen: Generation) -> list[dict]:
-        tokens = self._token_strings(gen.output_ids)
-        tops = gen.top_logprobs or [[] for _ in gen.output_ids]
-        top_tokens = self._token_strings([i for row in tops for i, _ in row])
-        content, k = [], 0
-        for token, logprob, row in zip(tokens, gen.logprobs, tops, strict=True):
-            alternatives = []
-            for _, top_logprob in row:
-                alternatives.append(_token_logprob(top_tokens[k], top_logprob))
-                k += 1
-            content.append({**_token_logprob(token, logprob), "top_logprobs": alternatives})
-        return content
-
     # ---- text completions ----------------------------------------------------------
 
     async def complete(self, request: Request, req: CompletionRequest, session: Session | None):
         if isinstance(req.prompt, str):
-            prompt_ids = self._tokenize(req.prompt, "prompt")
+            prompt_ids = prompts.tokenize(self.tokenizer, req.prompt, "prompt")
         else:
             prompt_ids = req.prompt
             vocab = len(self.tokenizer)
@@ -403,46 +333,18 @@ class _Gateway:
                 )
         top = req.logprobs or 0
         sampling = self._sampling(req, prompt_ids, "prompt", req.max_tokens, top, session)
-        call = _Call(f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion", prompt_ids)
+        call = Call(f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion", prompt_ids)
 
         def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
-            logprobs = self._completion_logprobs(gen) if req.logprobs is not None else None
-            return {
-                "index": index,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": finish,
-                "token_ids": gen.output_ids,
-            }
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(self.tokenizer, gen)
+            return completion_choice(index, gen, text, finish, logprobs)
 
         def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
             return [choice(index, gen, text, finish)]
 
         return await self._respond(request, call, req, sampling, session, choice, chunks)
-
-    def _completion_logprobs(self, gen: Generation) -> dict:
-        tokens = self._token_strings(gen.output_ids)
-        offsets, offset = [], 0
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
-        top = None
-        if gen.top_logprobs is not None:
-            top = [
-                {
-                    s: max(lp, MIN_LOGPROB)
-                    for s, (_, lp) in zip(
-                        self._token_strings([i for i, _ in row]), row, strict=True
-                    )
-                }
-                for row in gen.top_logprobs
-            ]
-        return {
-            "tokens": tokens,
-            "token_logprobs": [max(lp, MIN_LOGPROB) for lp in gen.logprobs],
-            "top_logprobs": top,
-            "text_offset": offsets,
-        }
 
     # ---- shared --------------------------------------------------------------------
 
@@ -498,12 +400,12 @@ class _Gateway:
     async def _respond(
         self,
         request: Request,
-        call: _Call,
+        call: Call,
         req: SamplingRequest,
         sampling: list[SamplingParams],
         session: Session | None,
-        choice: _ChoiceFn,
-        chunks: _ChunksFn,
+        choice: ChoiceFn,
+        chunks: ChunksFn,
     ):
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -518,19 +420,12 @@ class _Gateway:
         finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
         choices = [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)]
         self._record(session, call, gens, finished)  # after the choices: their tool calls
-        return JSONResponse(
-            {
-                **call.header(self.model_name),
-                "choices": choices,
-                "usage": call.usage(gens),
-                "prompt_token_ids": call.prompt_ids,
-            }
-        )
+        return JSONResponse(call.body(self.model_name, choices, gens))
 
     async def _generate(
         self,
         request: Request,
-        call: _Call,
+        call: Call,
         sampling: list[SamplingParams],
         session: Session | None,
     ) -> list[Generation] | None:
@@ -564,10 +459,10 @@ class _Gateway:
 
     async def _events(
         self,
-        call: _Call,
+        call: Call,
         sampling: list[SamplingParams],
         session: Session | None,
-        chunks: _ChunksFn,
+        chunks: ChunksFn,
         include_usage: bool,
     ) -> AsyncIterator[str]:
         """Server-sent events: each choice's chunks as soon as it is done, then usage, [DONE].
@@ -592,14 +487,14 @@ class _Gateway:
                 i, gens[i] = await next_done
                 finished[i] = self._finish(gens[i], sampling[i])
                 for piece in chunks(i, gens[i], *finished[i]):
-                    yield _sse({**header, **first, "choices": [piece]})
+                    yield sse({**header, **first, "choices": [piece]})
                     first = {}
             self._record(session, call, gens, finished)
             if include_usage:
-                yield _sse({**header, "choices": [], "usage": call.usage(gens)})
-            yield "data: [DONE]\n\n"
+                yield sse({**header, "choices": [], "usage": call.usage(gens)})
+            yield SSE_DONE
         except EngineError as e:
-            yield _sse(engine_failed(e).body())
+            yield sse(engine_failed(e).body())
         finally:
             for task in tasks:
                 if task.done() and not task.cancelled():
@@ -618,7 +513,7 @@ class _Gateway:
     def _record(
         self,
         session: Session | None,
-        call: _Call,
+        call: Call,
         gens: list[Generation],
         finished: list[tuple[str, str]],
     ) -> None:
@@ -638,51 +533,3 @@ class _Gateway:
             )
             for i, (gen, (text, _)) in enumerate(zip(gens, finished, strict=True))
         )
-
-    def _token_strings(self, ids: list[int]) -> list[str]:
-        return self.tokenizer.batch_decode([[i] for i in ids])
-
-
-@dataclass
-class _Call:
-    """One request's identity: its id, OpenAI object types and prompt; and what its
-    recorded Interactions keep: the chat messages, each choice's parsed tool calls (by
-    choice index, filled as choices are answered) and the arrival time."""
-
-    id: str
-    object: str
-    chunk_object: str
-    prompt_ids: list[int]
-    messages: list[dict] | None = None
-    tool_calls: dict[int, list[dict]] = field(default_factory=dict)
-    started_s: float = field(default_factory=time.time)
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def header(self, model: str, chunk: bool = False) -> dict[str, Any]:
-        kind = self.chunk_object if chunk else self.object
-        return {"id": self.id, "object": kind, "created": self.created, "model": model}
-
-    def usage(self, gens: list[Generation]) -> dict[str, int]:
-        completion = sum(len(g.output_ids) for g in gens)
-        prompt = len(self.prompt_ids)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-
-
-_ChoiceFn = Callable[[int, Generation, str, str], dict]
-_ChunksFn = Callable[[int, Generation, str, str], list[dict]]
-
-
-def _token_logprob(token: str, logprob: float) -> dict[str, Any]:
-    return {
-        "token": token,
-        "logprob": max(logprob, MIN_LOGPROB),
-        "bytes": list(token.encode("utf-8")),
-    }
-
-
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data)}\n\n"

@@ -2,8 +2,10 @@
 
 Owns: GatewayServer (uvicorn as a task inside the caller's event loop, so the
 engine, the gateway and the rollout controller share one loop and one process),
-and opening sessions as SessionHandles agents can use. Does not own the routes
-(app.py) nor what is served (`looprl serve` is commands/serve.py).
+opening sessions as SessionHandles agents can use, and serve_sessionless (one engine
+on plain `/v1/...` routes, as `looprl serve` and the judge's own engine serve it).
+Does not own the routes (app.py), what is served (`looprl serve` is
+commands/serve.py) nor the engine's lifetime (its caller's).
 
 Concurrency contract: `start` binds the socket itself (a busy port raises OSError
 here instead of uvicorn exiting the process) and returns once uvicorn accepts
@@ -19,11 +21,15 @@ import contextlib
 import ipaddress
 import logging
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from transformers import PreTrainedTokenizerBase
 
+from looprl.engines.base import Engine
+from looprl.gateway.app import create_app
 from looprl.gateway.sessions import Session, SessionStore
 from looprl.types import SessionHandle
 
@@ -117,6 +123,34 @@ class GatewayServer:
 
     def close_session(self, session_id: str) -> Session:
         return self.store.close(session_id)
+
+
+@contextlib.asynccontextmanager
+async def serve_sessionless(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    model_name: str,
+    max_model_len: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+) -> AsyncIterator[GatewayServer]:
+    """Serve `engine` on sessionless `/v1/...` routes at `host:port` (0 picks a free
+    port); yields the running server (its `url`) and stops it on exit, letting requests
+    in flight finish. With `api_key` every /v1 call needs `Authorization: Bearer
+    <api_key>`. The engine is the caller's: it is not stopped here."""
+    app = create_app(
+        engine,
+        tokenizer,
+        model_name=model_name,
+        store=SessionStore(),
+        sessionless=True,
+        max_model_len=max_model_len,
+        sessionless_api_key=api_key,
+    )
+    async with GatewayServer(app, host, port) as server:
+        yield server
 
 
 def is_loopback(host: str) -> bool:

@@ -7,33 +7,31 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from looprl.config import EngineConfig
-from looprl.engines.local import LocalEngine
-from looprl.gateway import GatewayServer, SessionStore, create_app
-from looprl.models import load_tokenizer, model_config
+from looprl.gateway import serve_sessionless
+
+if TYPE_CHECKING:
+    from looprl.startup import LocalModel
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def serve_judge(model_path: str) -> AsyncIterator[tuple[str, str]]:
-    """Serve `model_path` (a folder or 'default') at a loopback URL; yields (base_url,
-    api_key) and stops the engine on exit."""
-    engine = LocalEngine.from_config(model_path, EngineConfig())
+async def serve_judge(judge: LocalModel) -> AsyncIterator[tuple[str, str]]:
+    """Serve `judge` (the model and engine precision start-up resolved) at a loopback
+    URL with a key of its own; yields (base_url, api_key) and stops the engine on exit."""
+    engine = judge.engine()
     api_key = secrets.token_urlsafe(24)
     try:
-        app = create_app(
+        async with serve_sessionless(
             engine,
-            load_tokenizer(model_path),
+            judge.files.tokenizer,
             model_name="judge",
-            store=SessionStore(),
-            sessionless=True,
-            max_model_len=model_config(model_path).max_position_embeddings,
-            sessionless_api_key=api_key,
-        )
-        async with GatewayServer(app, "127.0.0.1", 0) as server:
-            log.info("The judge %s is served at %s/v1", model_path, server.url)
+            max_model_len=judge.files.context_length,
+            api_key=api_key,
+        ) as server:
+            log.info("The judge %s is served at %s/v1", judge.files.name, server.url)
             yield f"{server.url}/v1", api_key
     finally:
         await engine.stop()

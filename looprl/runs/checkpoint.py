@@ -1,6 +1,6 @@
 """Recover checkpoints: written atomically, verified by checksums, refused with reasons.
 
-Owns the layout under `<run_dir>/checkpoints/`:
+Owns the layout under the run's checkpoints folder (`RunPaths.checkpoints`):
 
     step_000012/   trainer.safetensors + trainer.json (model, optimizer, scheduler,
                    version), state.safetensors + state.json (data position, controller,
@@ -17,11 +17,13 @@ was written into them) is refused with a RecoverError saying how to convert it
 
 A checkpoint is written into a temporary folder, every file fsynced, MANIFEST.json (size
 and sha256 of every other file) written last, the folder renamed into place and the
-parent fsynced, then `latest` replaced the same way. Older checkpoints are pruned to
-`keep_last` only after the new one is in place. Loading walks checkpoints newest first
-and skips, with a warning, any whose files do not match their manifest (a kill during
-a write leaves only a `.tmp-*` folder, which is never read). Knows nothing of training:
-the loop hands it a state and gets one back.
+parent fsynced, then `latest` replaced the same way (`atomic_write_text(fsync=True)`;
+the fsyncs are looprl/runs/atomic.py's). Older checkpoints are pruned to `keep_last`
+only after the new one is in place. Loading walks checkpoints newest first and skips,
+with a warning, any whose files do not match their manifest (a kill during a write
+leaves only a `.tmp-*` folder, which is never read). Knows nothing of training: the
+loop hands it a state and gets one back. Its functions take the run directory, its
+root or its RunPaths.
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from looprl.runs.atomic import atomic_write_text, fsync_dir, fsync_file
+from looprl.runs.paths import RunPaths
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+CONFIG = "config.yaml"  # the checkpoint's copy of the run's resolved config
 PICKLED = ("trainer.pt", "state.pkl")  # the earlier format's files
 # Changing one of these makes the saved state mean something else: refused unless named
 # in recover.allow_changes. A prefix ending in "." covers its whole section.
@@ -71,8 +77,8 @@ class Checkpoint:
     config: dict[str, Any]
 
 
-def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+def checkpoints_dir(run_dir: Path | RunPaths) -> Path:
+    return RunPaths.of(run_dir).checkpoints
 
 
 def rng_state() -> dict[str, Any]:
@@ -85,7 +91,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(
-    run_dir: Path,
+    run_dir: Path | RunPaths,
     step: int,
     trainer_state: dict[str, Any],
     state: dict[str, Any],
@@ -102,30 +108,26 @@ def save(
     tmp.mkdir()
     save_tree(trainer_state, tmp, "trainer")
     save_tree(state, tmp, "state")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (tmp / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
     files = {}
     for path in sorted(tmp.iterdir()):
-        _fsync_file(path)
+        fsync_file(path)
         files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     manifest = {"step": step, "files": files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _fsync_file(tmp / MANIFEST)
-    _fsync_dir(tmp)
+    fsync_file(tmp / MANIFEST)
+    fsync_dir(tmp)
     final = root / name
     if final.exists():  # the same step saved again (e.g. on stop right after a save)
         shutil.rmtree(final)
     tmp.rename(final)
-    _fsync_dir(root)
-    latest_tmp = root / f".latest-{os.getpid()}"
-    latest_tmp.write_text(name)
-    _fsync_file(latest_tmp)
-    latest_tmp.rename(root / "latest")
-    _fsync_dir(root)
+    fsync_dir(root)
+    atomic_write_text(root / "latest", name, fsync=True)
     _prune(root, keep_last)
     return final
 
 
-def load_latest(run_dir: Path) -> Checkpoint | None:
+def load_latest(run_dir: Path | RunPaths) -> Checkpoint | None:
     """The newest checkpoint whose files match its manifest; None when there is none."""
     for path in _candidates(checkpoints_dir(run_dir)):
         refuse_pickled(path)
@@ -138,7 +140,7 @@ def load_latest(run_dir: Path) -> Checkpoint | None:
             step=manifest["step"],
             trainer=load_tree(path, "trainer"),
             state=load_tree(path, "state"),
-            config=yaml.safe_load((path / "config.yaml").read_text()),
+            config=yaml.safe_load((path / CONFIG).read_text()),
         )
     return None
 
@@ -247,10 +249,10 @@ def convert_pickled(path: Path) -> None:
     files = {}
     for file in sorted(path.iterdir()):
         if file.name != MANIFEST:
-            _fsync_file(file)
+            fsync_file(file)
             files[file.name] = {"bytes": file.stat().st_size, "sha256": _sha256(file)}
     (path / MANIFEST).write_text(json.dumps({"step": manifest["step"], "files": files}, indent=1))
-    _fsync_file(path / MANIFEST)
+    fsync_file(path / MANIFEST)
 
 
 def verify(path: Path, *, hashes: bool = True) -> str | None:
@@ -296,19 +298,20 @@ def check_config(checkpoint: Checkpoint, config: dict[str, Any], allow: list[str
         log.info("Resuming with config changes: %s", "; ".join(accepted))
 
 
-def describe_missing(run_dir: Path) -> str:
+def describe_missing(run_dir: Path | RunPaths) -> str:
     """Why there is nothing to resume here, naming sibling trials that have checkpoints."""
-    run_dir = Path(run_dir)
+    paths = RunPaths.of(run_dir)
+    trials = (RunPaths(p) for p in paths.root.parent.parent.glob("*/*") if p.is_dir())
     others = sorted(
-        str(p.parent)
-        for p in run_dir.parent.parent.glob("*/*/checkpoints")
-        if p.parent != run_dir and any(_candidates(p))
+        str(trial.root)
+        for trial in trials
+        if trial.root != paths.root and any(_candidates(trial.checkpoints))
     )
     hint = f"; checkpoints exist under {', '.join(others)}" if others else ""
-    return f"no checkpoint under {checkpoints_dir(run_dir)}{hint}"
+    return f"no checkpoint under {paths.checkpoints}{hint}"
 
 
-def set_aside(run_dir: Path) -> Path | None:
+def set_aside(run_dir: Path | RunPaths) -> Path | None:
     """Before a new run in a folder that has checkpoints: move them to
     `checkpoints.replaced-<time>` (kept, never read again) and return where."""
     root = checkpoints_dir(run_dir)
@@ -316,7 +319,7 @@ def set_aside(run_dir: Path) -> Path | None:
         return None
     aside = root.with_name(f"checkpoints.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     root.rename(aside)
-    log.warning("Moved the checkpoints of an earlier run in %s to %s", run_dir, aside)
+    log.warning("Moved the checkpoints of an earlier run in %s to %s", root.parent, aside)
     return aside
 
 
@@ -380,16 +383,3 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with path.open("rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,10 +1,11 @@
 """What a run reports: per-step metrics in JSONL, a progress bar, and a plot at the end.
 
-Owns: `metrics.jsonl` in the run dir (one JSON object per step or evaluation), the
-rich progress bar with the key numbers, `reward.png` (reward and held-out accuracy
-over steps), the `state_dict` a checkpoint needs to continue the file, and sending each
-record and a few rollouts per step to the experiment trackers (looprl/trackers/).
-Knows nothing of how the numbers are produced.
+Owns: the run's `metrics.jsonl` (`RunPaths.metrics`: one JSON object per step or
+evaluation), the rich progress bar with the key numbers, `reward.png`
+(`RunPaths.reward_plot`: reward and held-out accuracy over steps), the `state_dict` a
+checkpoint needs to continue the file (a resume rewinds the file atomically, through
+looprl/runs/atomic.py), and sending each record and a few rollouts per step to the
+experiment trackers (looprl/trackers/). Knows nothing of how the numbers are produced.
 
 To trackers, a record's numbers go as `train/<name>` or `eval/<name>` (nested dicts,
 e.g. `errors`, as `train/errors/<key>`; non-finite and non-numbers left out) at its
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from looprl.runs.atomic import atomic_write_text
+from looprl.runs.paths import RunPaths
 from looprl.trackers import Tracker, flatten
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ def _clean(value: Any) -> Any:
 class Metrics:
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: Path | RunPaths,
         total_steps: int,
         *,
         console: Console | None = None,
@@ -59,8 +61,10 @@ class Metrics:
         samples_per_step: int = 0,
     ):
         """`trackers` (started by `looprl.trackers.start_trackers`) get every record from
-        here on and `samples_per_step` rollouts per `log_samples`; they finish on exit."""
-        self.path = Path(run_dir) / "metrics.jsonl"
+        here on and `samples_per_step` rollouts per `log_samples`; they finish on exit.
+        `run_dir`: the run directory (its root, or its RunPaths)."""
+        self.paths = RunPaths.of(run_dir)
+        self.path = self.paths.metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:  # a resumed run keeps the file until load_state_dict replaces it
             self.path.write_text("")
@@ -154,13 +158,13 @@ class Metrics:
 
     def plot(self, path: Path | None = None) -> Path:
         """Reward (train rollouts) and held-out accuracy over steps and, below, the
-        engine-vs-trainer mismatch, as a PNG."""
+        engine-vs-trainer mismatch, as a PNG at `path` (default: the run's reward.png)."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        path = path or self.path.parent / "reward.png"
+        path = path or self.paths.reward_plot
         fig = figure(self.records)
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -174,9 +178,7 @@ class Metrics:
         again). Trackers are not sent the restored records: they have them already."""
         self.records = list(state["records"])
         # Atomically: killed here, the file still holds every step up to the checkpoint.
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
         train = [r for r in self.records if r["kind"] == "train"]
         self._progress.update(self._task, completed=max((r["step"] for r in train), default=0))
         self.policy_version = train[-1].get("version", 0) if train else 0

@@ -1,10 +1,13 @@
 """Trajectory files: the rollouts each training step trained on, as Parquet in the run dir.
 
-Owns the file format (`SCHEMA`; one file per step, `RUN_DIR/trajectories/step_000012.parquet`,
-one row per trajectory trained on, in the batch's order), writing it atomically (a hidden
-temporary file, then `os.replace`) every `metrics.trajectories_every` steps, pruning the
-oldest files past `metrics.trajectories_max_mb`, and reading the files back
-(`list_steps`, `read_step`) for `looprl show` and the viewer. Does not decide what is
+Owns the file format (`SCHEMA`; one file per step in the run's trajectories folder,
+`RunPaths.trajectories`, named `step_000012.parquet`, one row per trajectory trained on,
+in the batch's order), writing it atomically (`atomic_write`, looprl/runs/atomic.py: a
+hidden temporary file, then `os.replace`; not fsynced) every
+`metrics.trajectories_every` steps, pruning the oldest files past
+`metrics.trajectories_max_mb`, and reading the files back (`list_steps`, `read_step`)
+for `looprl show` and the viewer. Each function takes the run directory (its root or
+its RunPaths). Does not decide what is
 trained: the rows are the step's RolloutResult trajectories, aligned with its TrainBatch.
 
 Columns (JSON columns hold strings, which `read_step` parses):
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -38,6 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from looprl.runs.atomic import atomic_write
+from looprl.runs.paths import RunPaths
 
 if TYPE_CHECKING:  # the reader (`looprl show`) needs neither torch nor the trainer
     import torch
@@ -89,15 +94,15 @@ class TrajectoryFileError(Exception):
     """A trajectory file that cannot be read, or a run dir without any."""
 
 
-def trajectories_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "trajectories"
+def trajectories_dir(run_dir: Path | RunPaths) -> Path:
+    return RunPaths.of(run_dir).trajectories
 
 
-def step_path(run_dir: Path, step: int) -> Path:
+def step_path(run_dir: Path | RunPaths, step: int) -> Path:
     return trajectories_dir(run_dir) / f"step_{step:06d}.parquet"
 
 
-def list_steps(run_dir: Path) -> list[tuple[int, Path]]:
+def list_steps(run_dir: Path | RunPaths) -> list[tuple[int, Path]]:
     """The run's trajectory files as (step, path), oldest step first."""
     folder = trajectories_dir(run_dir)
     if not folder.is_dir():
@@ -166,21 +171,16 @@ def step_rows(
     return rows
 
 
-def write_step(run_dir: Path, step: int, rows: list[dict[str, Any]]) -> Path:
-    """Write `rows` as the step's file: a hidden temporary file beside it, then renamed,
-    so a reader sees the whole file or none."""
-    path = step_path(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+def write_step(run_dir: Path | RunPaths, step: int, rows: list[dict[str, Any]]) -> Path:
+    """Write `rows` as the step's file, atomically (`atomic_write`): a reader sees the
+    whole file or none."""
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    return atomic_write(
+        step_path(run_dir, step), lambda tmp: pq.write_table(table, tmp, compression="zstd")
+    )
 
 
-def prune(run_dir: Path, max_bytes: float) -> int:
+def prune(run_dir: Path | RunPaths, max_bytes: float) -> int:
     """Delete the oldest step files until the rest fit in `max_bytes` (the newest is
     always kept); returns how many were deleted."""
     files = [path for _, path in list_steps(run_dir)]
@@ -230,15 +230,17 @@ class TrajectoryWriter:
     it trains again (`first_step` on), which the interrupted run wrote.
     """
 
-    def __init__(self, run_dir: Path, cfg: MetricsConfig, tokenizer, first_step: int = 1):
-        self.run_dir, self.cfg, self.tokenizer = Path(run_dir), cfg, tokenizer
+    def __init__(
+        self, run_dir: Path | RunPaths, cfg: MetricsConfig, tokenizer, first_step: int = 1
+    ):
+        self.paths, self.cfg, self.tokenizer = RunPaths.of(run_dir), cfg, tokenizer
         self.pruned = self.errors = 0
-        folder = trajectories_dir(self.run_dir)
+        folder = self.paths.trajectories
         if first_step == 1 and folder.is_dir() and any(folder.iterdir()):
             aside = folder.with_name(f"trajectories.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             folder.rename(aside)
             log.warning("Moved the trajectory files of an earlier run to %s", aside)
-        for step, path in list_steps(self.run_dir):
+        for step, path in list_steps(self.paths):
             if step >= first_step:
                 path.unlink()
 
@@ -265,8 +267,8 @@ class TrajectoryWriter:
     def _write(self, step, version, rollout, batch, logprobs) -> None:
         rows = step_rows(step, version, rollout, batch, logprobs, self._token_text)
         try:
-            write_step(self.run_dir, step, rows)
-            self.pruned += prune(self.run_dir, self.cfg.trajectories_max_mb * 2**20)
+            write_step(self.paths, step, rows)
+            self.pruned += prune(self.paths, self.cfg.trajectories_max_mb * 2**20)
         except (OSError, pa.ArrowException) as e:
             self.errors += 1
             if self.errors == 1:
@@ -275,7 +277,7 @@ class TrajectoryWriter:
                     "on, later failures are counted as trajectories_write_errors. Free disk "
                     "space or set metrics.trajectories_every=0",
                     step,
-                    trajectories_dir(self.run_dir),
+                    self.paths.trajectories,
                     e,
                 )
 

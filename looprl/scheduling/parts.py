@@ -24,8 +24,8 @@ from torch import nn
 from looprl.config import Config
 from looprl.engines.base import Engine
 from looprl.gateway import GatewayServer, SessionStore, create_app
-from looprl.models import context_length, load_model
 from looprl.rollout import RolloutController
+from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
 from looprl.training.trainer import Trainer
 from looprl.types import MIN_TEMPERATURE
@@ -52,18 +52,19 @@ def trainer_sampling(cfg: Config) -> dict[str, Any]:
 
 
 def build_trainer(
-    cfg: Config, policy: nn.Module, trainer_class: type[Trainer] = Trainer
+    setup: Setup, policy: nn.Module, trainer_class: type[Trainer] = Trainer
 ) -> Trainer:
-    """The trainer of `cfg` on `policy` (and its device): `trainer_sampling`, LoRA
+    """The one way a command builds its trainer: `setup`'s config on `policy` (on
+    `setup.device`), in the precision start-up decided, with `trainer_sampling`, LoRA
     adapters around it with model.lora, when train.kl_coef > 0 a frozen reference copy
     of the model loaded beside it (with model.lora the frozen base is the reference), and
     with train.algorithm=distill the frozen teacher (train.teacher_path)."""
+    cfg, device = setup.cfg, setup.device
     reference = teacher = None
-    device = next(policy.parameters()).device
     if cfg.train.kl_coef > 0 and not cfg.model.lora.enabled:
-        reference = load_model(cfg.model.path, cfg.model.dtype).to(device)
-    if cfg.train.teacher_path:
-        teacher = load_model(cfg.train.teacher_path, cfg.model.dtype).to(device)
+        reference = setup.model.load(cfg.model.dtype).to(device)
+    if setup.teacher is not None:
+        teacher = setup.teacher.load(cfg.model.dtype).to(device)
         if teacher.config.vocab_size != policy.config.vocab_size:
             raise ValueError(
                 f"train.teacher_path={cfg.train.teacher_path!r} has a vocabulary of "
@@ -79,6 +80,7 @@ def build_trainer(
         ref_model=reference,
         lora=cfg.model.lora,
         teacher_model=teacher,
+        precision=setup.precision.train,
     )
 
 
@@ -129,7 +131,7 @@ class Parts:
 
 @asynccontextmanager
 async def gateway_and_controller(
-    cfg: Config,
+    setup: Setup,
     engine: Engine,
     tokenizer,
     workflow: Workflow,
@@ -138,13 +140,14 @@ async def gateway_and_controller(
 ) -> AsyncIterator[Parts]:
     """A gateway on `engine` and a rollout controller on the gateway; both closed on exit
     (the engine is the caller's). `engine_health` goes into the gateway's /health."""
+    cfg = setup.cfg
     app = create_app(
         engine,
         tokenizer,
         model_name=cfg.model.name,
         store=SessionStore(),
         default_sampling=cfg.sampling,
-        max_model_len=cfg.engine.max_model_len or context_length(cfg.model.path),
+        max_model_len=cfg.engine.max_model_len or setup.model.context_length,
         engine_health=engine_health,
         limits=cfg.gateway.limits,
     )

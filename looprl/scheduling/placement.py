@@ -129,6 +129,11 @@ class Plan:
     def trainer_ranks(self) -> int:
         return len(self.trainers)
 
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether any actor is given GPUs (then every part runs on its GPU)."""
+        return any(b.gpu_ids for b in (*self.engines, *self.trainers))
+
     def describe(self) -> str:
         """A few lines for the log: the placement, then where each actor runs."""
         gpus = sum(n.gpus for n in self.nodes)

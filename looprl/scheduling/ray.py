@@ -38,238 +38,32 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
 
-from looprl import precision
-from looprl.config import Config
+from looprl import startup
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
-from looprl.engines.servers.reloadable import ServerEngine
-from looprl.models import base_model_path, load_model, load_tokenizer
-from looprl.runtime import release_free_memory
-from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
+from looprl.scheduling.parts import Parts, gateway_and_controller
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
-from looprl.scheduling.ranks import RankFailed, join_group
-from looprl.scheduling.single_process import save_policy
+from looprl.scheduling.ranks import RankFailed
+from looprl.scheduling.ray_actors import EngineReplica, TrainerRank
+from looprl.startup import Setup
 from looprl.training import lora
 from looprl.training.batch import TrainBatch
-from looprl.types import Generation, LoraAdapter, SamplingParams
+from looprl.training.policy_folder import save_policy
+from looprl.types import Generation, SamplingParams
 from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
 
 BLAME_WINDOW_S = 3.0  # after a rank fails, how long the others' failures may take to arrive
 COLLOCATED_MEMORY_FRACTION = 0.45  # of a GPU, for a vLLM/SGLang server beside a trainer rank
-
-
-# ---- in the actors ------------------------------------------------------------------
-
-
-def _actor_setup(cfg_data: dict[str, Any], threads: int) -> Config:
-    cfg = Config.model_validate(cfg_data)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("looprl").setLevel(cfg.run.log_level)
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return cfg
-
-
-def _device() -> torch.device:
-    """The GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES), else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-class EngineReplica:
-    """One engine (local, or a vLLM / SGLang server it launches) in a Ray actor.
-
-    An async actor: concurrent `generate` calls reach the engine together and batch.
-    `release_memory`: free the server's GPU memory while paused (collocated placement;
-    the local engine keeps its memory)."""
-
-    def __init__(
-        self, cfg_data: dict[str, Any], index: int, threads: int, release_memory: bool = False
-    ):
-        self.cfg = _actor_setup(cfg_data, threads)
-        self.index = index
-        self.release_memory = release_memory
-        self.engine = None
-        self.server: ServerEngine | None = None  # what pause releases, when collocated
-        self.receiver = None
-
-    async def start(self) -> dict[str, Any]:
-        from looprl.diagnostics.watchdog import register
-        from looprl.engines.launch import start_engine
-
-        cfg = self.cfg
-        run_dir = cfg.run_dir / "engines" / f"replica-{self.index}"
-        tokenizer = load_tokenizer(cfg.model.path)
-        model = load_model(cfg.model.path).to(_device())  # the engine keeps its own copy
-        precision.choose(cfg, _device())  # logs this replica's decision
-        self.engine = await start_engine(cfg, model, tokenizer, run_dir)
-        if self.release_memory:  # only server engines are collocated to release (see below)
-            assert isinstance(self.engine, ServerEngine), type(self.engine)
-            self.server = self.engine
-        register(cfg.run_dir, f"engine-{self.index}", role="engine", rank=None)
-        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        return await self.engine.generate(prompt_ids, sampling)
-
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
-        await self.engine.update_weights(state_dict, version)
-        return self.engine.version
-
-    async def update_adapter(self, adapter: LoraAdapter, version: int) -> int:
-        await self.engine.update_adapter(adapter, version)
-        return self.engine.version
-
-    async def pause(self) -> None:
-        """Pause; collocated on a trainer rank's GPUs, a vLLM/SGLang server also frees its
-        weights and KV cache until the next weight load or resume."""
-        await self.engine.pause()
-        if self.server is not None:
-            await self.server.release_memory()
-
-    async def resume(self) -> None:
-        await self.engine.resume()
-
-    async def stop(self) -> None:
-        if self.engine is not None:
-            await self.engine.stop()
-
-    async def join_weight_group(self, host: str, port: int, rank: int, world: int) -> None:
-        from looprl.scheduling.weight_broadcast import WeightReceiver, weight_sync_group
-
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        timeout = self.cfg.diagnostics.collective_timeout_s
-        group = await asyncio.to_thread(
-            weight_sync_group, host, port, rank, world, backend, timeout
-        )
-        self.receiver = WeightReceiver(group)
-
-    async def receive_weights(self) -> int:
-        """Receive the buckets rank 0 broadcasts, then load them into the engine. Each
-        bucket arrives in one reused buffer, hence the copies."""
-        received: dict[str, torch.Tensor] = {}
-
-        def keep(bucket: dict[str, torch.Tensor]) -> None:
-            received.update({name: t.clone() for name, t in bucket.items()})
-
-        version = await asyncio.to_thread(self.receiver.receive, keep)
-        await self.engine.update_weights(received, version)
-        return version
-
-
-class TrainerRank:
-    """One data-parallel trainer rank in a Ray actor (calls run one at a time)."""
-
-    def __init__(self, cfg_data: dict[str, Any], rank: int, world_size: int, threads: int):
-        self.cfg = _actor_setup(cfg_data, threads)
-        self.rank, self.world_size = rank, world_size
-        self.store: dist.TCPStore | None = None
-
-    def open_store(self) -> tuple[str, int]:
-        """Rank 0: host the TCPStore the ranks meet at; returns its address."""
-        from datetime import timedelta
-
-        timeout = timedelta(seconds=self.cfg.diagnostics.collective_timeout_s)
-        host = ray.util.get_node_ip_address()
-        self.store = dist.TCPStore(
-            host, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=timeout
-        )
-        return host, self.store.port
-
-    def setup(self, host: str, port: int) -> dict[str, Any]:
-        """Join the group, start the hang watchdog, load the policy and build the trainer."""
-        from datetime import timedelta
-
-        from looprl.diagnostics.watchdog import HangWatchdog
-        from looprl.training.distributed import DataParallelTrainer
-
-        cfg = self.cfg
-        timeout_s = cfg.diagnostics.collective_timeout_s
-        device = _device()
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        store = self.store or dist.TCPStore(
-            host, port, self.world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
-        )
-        join_group(store, self.rank, self.world_size, backend, device, timeout_s)
-        self.watchdog = HangWatchdog(
-            cfg.run_dir, f"rank-{self.rank}", cfg.diagnostics, role="rank", rank=self.rank
-        ).start()
-        torch.manual_seed(cfg.run.seed)
-        if self.rank == 0:
-            precision.choose(cfg, device)  # logs the ranks' decision
-        policy = load_model(cfg.model.path, cfg.model.dtype).to(device)
-        self.trainer = build_trainer(cfg, policy, DataParallelTrainer)
-        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "backend": backend}
-
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        stats = self.trainer.train_step(batch)
-        self.watchdog.beat()
-        return stats
-
-    def step_logprobs(self) -> torch.Tensor | None:
-        return self.trainer.step_logprobs
-
-    def weights(self) -> list[ray.ObjectRef] | None:
-        """The full weights, or with model.lora the adapter (a collective: every rank calls
-        it). Rank 0 puts them in the object store once and returns [ref], which replicas
-        fetch without the driver."""
-        adapter = self.trainer.adapter_for_engine()
-        return self._put(self.trainer.state_dict_for_engine() if adapter is None else adapter)
-
-    def current_weights(self) -> tuple[list[ray.ObjectRef] | None, int]:
-        """`weights()` and their version, read together (for a restarted replica)."""
-        return self.weights(), self.trainer.version
-
-    def _put(self, state: dict[str, Any]) -> list[ray.ObjectRef] | None:
-        """Rank 0: `state` into the object store, as [ref]; then this process's copy is
-        dropped and its memory given back (it is rebuilt at the next call)."""
-        ref = [ray.put(state)] if self.rank == 0 else None
-        del state
-        release_free_memory()
-        return ref
-
-    def join_weight_group(self, host: str, port: int, world: int) -> None:
-        from looprl.scheduling.weight_broadcast import WeightSender, weight_sync_group
-
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        timeout = self.cfg.diagnostics.collective_timeout_s
-        group = weight_sync_group(host, port, 0, world, backend, timeout)
-        self.sender = WeightSender(group, self.cfg.scheduler.bucket_mb << 20)
-
-    def weight_group_address(self) -> tuple[str, int]:
-        from looprl.engines.servers.process import free_port
-
-        return ray.util.get_node_ip_address(), free_port()
-
-    def broadcast_weights(self) -> None:
-        """Every rank gathers the full weights; rank 0 broadcasts them to the replicas."""
-        state = self.trainer.state_dict_for_engine()
-        if self.rank == 0:
-            self.sender.send(state, self.trainer.version)
-
-    def state_dict(self) -> list[ray.ObjectRef] | None:
-        """Model, optimizer, schedule and version for a checkpoint (a collective)."""
-        return self._put(self.trainer.state_dict())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state)
-
-    def stop(self) -> None:
-        self.watchdog.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-# ---- in the driver ------------------------------------------------------------------
 
 
 class RayEngine:
@@ -367,8 +161,9 @@ class RankGroup:
     """The loop's `TrainerHandle` over the trainer rank actors, feeding the replicas of
     `pool` (set once the replicas exist: they start after the ranks)."""
 
-    def __init__(self, cfg: Config, ranks: list, weight_sync: str):
-        self.cfg, self.ranks, self.weight_sync = cfg, ranks, weight_sync
+    def __init__(self, setup: Setup, ranks: list, weight_sync: str):
+        self.setup, self.cfg = setup, setup.cfg
+        self.ranks, self.weight_sync = ranks, weight_sync
         self.pool: EnginePool | None = None
         self._version = 0
 
@@ -416,11 +211,11 @@ class RankGroup:
         (state_ref,) = (await self._all("weights"))[0]
         lora_cfg = self.cfg.model.lora
         if lora_cfg.enabled:
-            base = str(base_model_path(self.cfg.model.path))
+            base = str(self.setup.model.folder)
             return lora.save_outputs(
                 await state_ref, base, tokenizer, out, merged=lora_cfg.save_merged
             )
-        model = load_model(self.cfg.model.path, self.cfg.model.dtype)  # with its generation config
+        model = self.setup.model.load(self.cfg.model.dtype)  # with its generation config
         model.load_state_dict(await state_ref)
         return save_policy(model, tokenizer, out)
 
@@ -474,8 +269,9 @@ def _rank_failed(rank: int, world: int, error: BaseException) -> RankFailed:
 
 
 @asynccontextmanager
-async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Parts]:
+async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Parts]:
     """Engine replicas and trainer ranks as Ray actors; gateway and controller here."""
+    cfg = setup.cfg
     weight_sync = "broadcast" if cfg.scheduler.weight_sync == "broadcast" else "memory"
     started = not ray.is_initialized()
     if started:
@@ -495,8 +291,10 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
         for warning in plan.warnings:
             log.warning("%s", warning)
         log.info("%s", plan.describe())
-        group = await _start_ranks(cfg, plan, weight_sync)
-        engines = await _start_engines(cfg, plan, group)
+        if plan.uses_gpus:
+            setup = await startup.on_ray_gpu(setup)
+        group = await _start_ranks(setup, plan, weight_sync)
+        engines = await _start_engines(setup, plan, group)
         max_restarts = cfg.engine.max_restarts
         if weight_sync == "broadcast":
             await _join_weight_group(group, engines)
@@ -510,9 +308,8 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
             max_restarts = 0
         pool = EnginePool(engines, names=[e.name for e in engines], max_restarts=max_restarts)
         group.pool = pool
-        tokenizer = load_tokenizer(cfg.model.path)
         async with gateway_and_controller(
-            cfg, pool, tokenizer, workflow, engine_health=pool.stats
+            setup, pool, setup.model.tokenizer, workflow, engine_health=pool.stats
         ) as parts:
             parts.trainer = group
             yield parts
@@ -526,16 +323,15 @@ async def start_ray_actors(cfg: Config, workflow: Workflow) -> AsyncIterator[Par
             ray.shutdown()
 
 
-async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
-    data = cfg.model_dump(mode="json")
+async def _start_ranks(setup: Setup, plan: Plan, weight_sync: str) -> RankGroup:
     world = len(plan.trainers)
     actors = [
         ray.remote(TrainerRank)
         .options(num_cpus=0, **bundle.ray_options())
-        .remote(data, rank, world, _threads(plan, plan.trainers, bundle))
+        .remote(setup, rank, world, _threads(plan, plan.trainers, bundle))
         for rank, bundle in enumerate(plan.trainers)
     ]
-    group = RankGroup(cfg, actors, weight_sync)
+    group = RankGroup(setup, actors, weight_sync)
     log.info("Starting %d trainer rank(s)", world)
     try:
         host, port = await actors[0].open_store.remote()
@@ -551,7 +347,8 @@ async def _start_ranks(cfg: Config, plan: Plan, weight_sync: str) -> RankGroup:
     return group
 
 
-async def _start_engines(cfg: Config, plan: Plan, group: RankGroup) -> list[RayEngine]:
+async def _start_engines(setup: Setup, plan: Plan, group: RankGroup) -> list[RayEngine]:
+    cfg = setup.cfg
     engine_cfg = cfg.engine.model_copy(update={"tensor_parallel_size": plan.tensor_parallel_size})
     collocated_gpus = plan.placement == "collocated" and any(b.gpu_ids for b in plan.engines)
     if collocated_gpus and engine_cfg.type != "local" and engine_cfg.gpu_memory_fraction is None:
@@ -568,14 +365,14 @@ async def _start_engines(cfg: Config, plan: Plan, group: RankGroup) -> list[RayE
         flag = "--enable-sleep-mode" if engine_cfg.type == "vllm" else "--enable-memory-saver"
         if flag not in engine_cfg.server_args:
             engine_cfg.server_args = [*engine_cfg.server_args, flag]
-    data = cfg.model_copy(update={"engine": engine_cfg}).model_dump(mode="json")
+    setup = replace(setup, cfg=cfg.model_copy(update={"engine": engine_cfg}))
 
     def new_actor(index: int):
         bundle = plan.engines[index]
         return (
             ray.remote(EngineReplica)
             .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
-            .remote(data, index, _threads(plan, plan.engines, bundle), collocated_gpus)
+            .remote(setup, index, _threads(plan, plan.engines, bundle), collocated_gpus)
         )
 
     actors = [new_actor(index) for index in range(len(plan.engines))]

@@ -21,16 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from looprl.config import Config
 from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
 from looprl.engines.pool import EnginePool
-from looprl.engines.servers.reloadable import ServerEngine
-from looprl.models import load_model, load_tokenizer
+from looprl.engines.servers.server_engine import ServerEngine
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
-from looprl.training import lora
+from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
+from looprl.training.policy_folder import save_policy
 from looprl.training.trainer import Trainer
 from looprl.workflows.protocol import Workflow
 
@@ -77,36 +76,21 @@ class LocalTrainer:
         )
 
 
-def save_policy(model: nn.Module, tokenizer, out: Path, *, merged: bool = False) -> Path:
-    """Save as a Hugging Face folder (safetensors, tokenizer, chat template). A model with
-    LoRA adapters is saved as its adapter folder, and with `merged` also merged into the
-    base as a plain folder `<out>-merged`."""
-    if not lora.is_lora(model):
-        model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        return out
-    lora.save_outputs(lora.adapter_of(model), lora.base_path(model), tokenizer, out, merged=merged)
-    if merged:
-        log.info("Saved the policy merged with its adapter to %s-merged", out)
-    return out
-
-
 @asynccontextmanager
 async def start_single_process(
-    cfg: Config, workflow: Workflow, *, train: bool = False, model: nn.Module | None = None
+    setup: Setup, workflow: Workflow, *, train: bool = False, model: nn.Module | None = None
 ) -> AsyncIterator[Parts]:
-    """Start engine + gateway + controller, and with `train` the trainer, whose policy
-    the engine copies. Without `train` the engine serves `model` when given, else the
-    configured model."""
-    tokenizer = load_tokenizer(cfg.model.path)
-    if train:
-        model = load_model(cfg.model.path, cfg.model.dtype)
-    elif model is None:
-        model = load_model(cfg.model.path)
-    with oom_phase("engine load", lambda: {"engine.dtype": cfg.engine.dtype}):
-        engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
+    """Start engine + gateway + controller on `setup`'s model, and with `train` the
+    trainer, whose policy the engine copies. Without `train` the engine serves `model`
+    when given (its weights, e.g. a policy being trained elsewhere)."""
+    cfg = setup.cfg
+    if train or model is None:
+        model = setup.model.load(cfg.model.dtype if train else "float32").to(setup.device)
+    tokenizer = setup.model.tokenizer
+    with oom_phase("engine load", lambda: {"engine.dtype": setup.precision.engine.dtype}):
+        engine = await start_engine(setup, model, setup.paths)
     # After the engine copied the policy: with model.lora the trainer wraps it in place.
-    trainer = build_trainer(cfg, model) if train else None
+    trainer = build_trainer(setup, model) if train else None
     health = None
     if isinstance(engine, ServerEngine) and engine.launched:
         name, restarts = f"{engine.kind} server", cfg.engine.max_restarts
@@ -114,7 +98,7 @@ async def start_single_process(
         health = engine.stats
     try:
         async with gateway_and_controller(
-            cfg, engine, tokenizer, workflow, engine_health=health
+            setup, engine, tokenizer, workflow, engine_health=health
         ) as parts:
             if trainer is not None:
                 parts.trainer = LocalTrainer(

@@ -3,9 +3,10 @@
 Owns the `Tracker` protocol, starting the trackers `metrics.backends` names, and the
 flattened config they log as hyperparameters. One module per backend (tensorboard.py,
 wandb.py, mlflow.py, trackio.py), each imported only when chosen, each its own extra
-(`pip install 'looprl[wandb]'`). Does not own what is logged or when: `Metrics` sends
-every record to each tracker and turns off one that fails, so a tracker never stops
-training.
+(`pip install 'looprl[wandb]'`). Where a tracker writes in the run directory is
+`RunPaths`' (looprl/runs/paths.py: tensorboard/, mlflow.db and mlruns/, wandb/). Does
+not own what is logged or when: `Metrics` sends every record to each tracker and turns
+off one that fails, so a tracker never stops training.
 
 A resumed run starts new tracker runs (W&B, MLflow, Trackio) that hold the steps from
 the checkpoint on; TensorBoard writes to the same folder and hides the events of the
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from looprl.config import ConfigError
+from looprl.runs.paths import RunPaths
 
 if TYPE_CHECKING:
     from looprl.config import Config
@@ -65,11 +67,12 @@ def check_installed(cfg: Config) -> list[str]:
     return names
 
 
-def start_trackers(cfg: Config, run_dir: Path, *, first_step: int = 1) -> list[Tracker]:
+def start_trackers(cfg: Config, run_dir: Path | RunPaths, *, first_step: int = 1) -> list[Tracker]:
     """Start each tracker in `cfg.metrics.backends` (jsonl is always on and is not one)
-    and log the resolved config to it. `first_step` > 1 is a resume from step
-    `first_step - 1`. A tracker whose package is missing raises ConfigError naming
-    the extra to install."""
+    and log the resolved config to it. `run_dir`: the run directory, its root or its
+    RunPaths. `first_step` > 1 is a resume from step `first_step - 1`. A tracker whose
+    package is missing raises ConfigError naming the extra to install."""
+    paths = RunPaths.of(run_dir)
     names = check_installed(cfg)
     run_name = f"{cfg.run.experiment_name}-{cfg.run.trial_name}"
     project = cfg.metrics.project
@@ -79,16 +82,16 @@ def start_trackers(cfg: Config, run_dir: Path, *, first_step: int = 1) -> list[T
             from looprl.trackers.tensorboard import TensorBoardTracker
 
             purge_step = first_step if first_step > 1 else None
-            trackers.append(TensorBoardTracker(run_dir / "tensorboard", purge_step=purge_step))
+            trackers.append(TensorBoardTracker(paths.tensorboard, purge_step=purge_step))
         elif name == "wandb":
             from looprl.trackers.wandb import WandbTracker
 
-            trackers.append(WandbTracker(project, run_name, run_dir))
+            trackers.append(WandbTracker(project, run_name, paths))
         elif name == "mlflow":
             from looprl.trackers.mlflow import MlflowTracker
 
             uri = os.environ.get("MLFLOW_TRACKING_URI")
-            trackers.append(MlflowTracker(project, run_name, run_dir, tracking_uri=uri))
+            trackers.append(MlflowTracker(project, run_name, paths, tracking_uri=uri))
         elif name == "trackio":
             from looprl.trackers.trackio import TrackioTracker
 

@@ -1,9 +1,10 @@
 """MLflow: a run in the experiment `metrics.project`.
 
 Stored at `MLFLOW_TRACKING_URI` when set (a tracking server, a database); otherwise in
-RUN_DIR/mlflow.db (SQLite, MLflow's local store now that the file store is in maintenance
-mode) with artifacts under RUN_DIR/mlruns. Scalars by step, the config as params,
-samples as JSON artifacts `samples/step_NNNNNN.json` (MLflow's `log_table` needs pandas).
+the run's mlflow.db (`RunPaths.mlflow_db`: SQLite, MLflow's local store now that the
+file store is in maintenance mode) with artifacts under its mlruns/ (`RunPaths.mlflow`).
+Scalars by step, the config as params, samples as JSON artifacts
+`samples/step_NNNNNN.json` (MLflow's `log_table` needs pandas).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
+from looprl.runs.paths import RunPaths
+
 # log_batch's limits per request (MLflow rejects more).
 _MAX_PARAMS = 100
 _MAX_METRICS = 1000
@@ -25,17 +28,23 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(
-        self, experiment: str, run_name: str, run_dir: Path, *, tracking_uri: str | None = None
+        self,
+        experiment: str,
+        run_name: str,
+        run_dir: Path | RunPaths,
+        *,
+        tracking_uri: str | None = None,
     ):
+        paths = RunPaths(RunPaths.of(run_dir).root.resolve())
         local = tracking_uri is None
         if local:
-            tracking_uri = f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+            tracking_uri = f"sqlite:///{paths.mlflow_db}"
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         if found is not None:
             experiment_id = found.experiment_id
         else:
-            artifacts = (Path(run_dir).resolve() / "mlruns").as_uri() if local else None
+            artifacts = paths.mlflow.as_uri() if local else None
             experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
 

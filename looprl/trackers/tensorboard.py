@@ -1,4 +1,5 @@
-"""TensorBoard: event files under RUN_DIR/tensorboard (`tensorboard --logdir` on it).
+"""TensorBoard: event files in `log_dir`, the run's tensorboard/ (`RunPaths.tensorboard`;
+`tensorboard --logdir` on it).
 
 Scalars by name and step; the config as hyperparameters (the HParams tab) and as text;
 samples as Markdown text, one section per rollout. Written with torch's SummaryWriter

@@ -1,4 +1,5 @@
-"""Weights & Biases: a run under RUN_DIR/wandb, online or offline.
+"""Weights & Biases: a run under the run directory's wandb/ (wandb.init(dir=the run's
+root) makes it), online or offline.
 
 The mode is `WANDB_MODE` when set; otherwise online with `WANDB_API_KEY` set and
 offline without it (an offline run uploads later with `wandb sync RUN_DIR/wandb/offline-run-*`).
@@ -14,17 +15,21 @@ from typing import Any
 
 import wandb
 
+from looprl.runs.paths import RunPaths
+
 log = logging.getLogger(__name__)
 
 
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, project: str, run_name: str, run_dir: Path):
+    def __init__(self, project: str, run_name: str, run_dir: Path | RunPaths):
         mode = os.environ.get("WANDB_MODE") or (
             "online" if os.environ.get("WANDB_API_KEY") else "offline"
         )
-        self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), mode=mode)
+        self.run = wandb.init(
+            project=project, name=run_name, dir=str(RunPaths.of(run_dir).root), mode=mode
+        )
         if mode == "offline":
             log.info(
                 "W&B logs offline to %s (no WANDB_API_KEY): `wandb sync %s` uploads it; set "

@@ -50,7 +50,7 @@ from torch import nn
 from looprl.config import LoraConfig, TrainConfig
 from looprl.diagnostics.oom import oom_phase
 from looprl.models import DTYPES
-from looprl.precision import decide_train, layer_shape, probe, warn_once
+from looprl.precision import TrainPrecision
 from looprl.runtime import tune_malloc
 from looprl.training import shared_prefix
 from looprl.training.batch import (
@@ -148,7 +148,10 @@ class Trainer:
     """Trains `model` in place with `cfg`. `temperature`, `top_k` and `top_p` must be the
     engines' sampling ones, since logprobs are those of softmax(logits / temperature)
     truncated to the top_k / top_p set and renormalized (`sampled_logprobs`). `ref_model`,
-    a separate copy for the KL penalty, is put in eval mode and frozen."""
+    a separate copy for the KL penalty, is put in eval mode and frozen. `precision` is
+    what start-up decided (looprl/startup.py); without it, an explicit
+    `cfg.compute_dtype` (float32, or bfloat16 autocast over float32 weights) is taken as
+    it is, and `auto` is refused: nothing below start-up decides it."""
 
     def __init__(
         self,
@@ -161,6 +164,7 @@ class Trainer:
         ref_model: nn.Module | None = None,
         lora: LoraConfig | None = None,
         teacher_model: nn.Module | None = None,
+        precision: TrainPrecision | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 for training logprobs")
@@ -191,12 +195,7 @@ class Trainer:
         self.teacher = None if teacher_model is None else teacher_model.eval().requires_grad_(False)
         self.device = next(model.parameters()).device
         master_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.precision = decide_train(
-            cfg.compute_dtype, master_dtype, probe(self.device, *layer_shape(model.config))
-        )
-        if self.precision.warning:
-            warn_once(self.precision.warning)
-        log.debug("Trainer: %s", self.precision.describe())
+        self.precision = precision or TrainPrecision.as_set(cfg.compute_dtype, master_dtype)
         if cfg.activation_checkpointing:
             # Non-reentrant: it needs no input that requires grad, as LoRA's frozen
             # embeddings are not; the decoder layers recompute in backward (train mode).

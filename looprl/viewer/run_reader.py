@@ -2,8 +2,9 @@
 
 Owns: turning `config.yaml`, `metrics.jsonl` and the step files into JSON bytes for
 the page, cached per file (its mtime and size, so a run in progress is read again only
-where it changed), and searching the step files. The step files' format is
-`looprl/runs/trajectories.py`'s. Reads only; knows nothing of HTTP.
+where it changed), and searching the step files. Where the files are is `RunPaths`'
+(looprl/runs/paths.py); the step files' format is `looprl/runs/trajectories.py`'s.
+Reads only; knows nothing of HTTP.
 
 A last line of metrics.jsonl without its newline is a record being written, not a
 corrupt file: it is left for the next read.
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from looprl.runs.paths import RunPaths
 from looprl.runs.trajectories import (
     JSON_COLUMNS,
     SCHEMA,
@@ -71,8 +73,9 @@ STEP_CACHE_SIZE = 32  # encoded steps kept (a few MB each at most)
 class RunReader:
     """One run directory, read on demand. Thread-safe: the server calls it from a pool."""
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Path | RunPaths):
+        self.paths = RunPaths.of(run_dir)
+        self.run_dir = self.paths.root
         self.name = "/".join(self.run_dir.resolve().parts[-2:])
         self._lock = threading.Lock()
         self._files: dict[Path, tuple[tuple[int, int], Any]] = {}
@@ -83,9 +86,9 @@ class RunReader:
         """Changes whenever anything the overview shows changes."""
         paths = (
             self.run_dir,  # a file or folder appears: model/ when the run finishes
-            self.run_dir / "config.yaml",
-            self.run_dir / "metrics.jsonl",
-            self.run_dir / "trajectories",
+            self.paths.config,
+            self.paths.metrics,
+            self.paths.trajectories,
         )
         parts = [_stat_key(path) for path in paths]
         return "-".join(f"{m:x}.{s:x}" for m, s in parts)
@@ -98,7 +101,7 @@ class RunReader:
             return cached[1]
         errors: list[str] = []
         config, config_text = self._read_config(errors)
-        metrics = self._cached(self.run_dir / "metrics.jsonl", read_metrics, errors)
+        metrics = self._cached(self.paths.metrics, read_metrics, errors)
         body = {
             "name": self.name,
             "path": str(self.run_dir.resolve()),
@@ -119,16 +122,16 @@ class RunReader:
         """The model was saved, or the final evaluation (at train.total_steps) logged."""
         total = _total_steps(config)
         evals = metrics["columns"]["eval"].get("step", []) if metrics else []
-        return (self.run_dir / "model").is_dir() or bool(total and evals and evals[-1] >= total)
+        return self.paths.model.is_dir() or bool(total and evals and evals[-1] >= total)
 
     def steps(self) -> list[int]:
         """Steps with a trajectory file, in order."""
-        return [step for step, _ in list_steps(self.run_dir)]
+        return [step for step, _ in list_steps(self.paths)]
 
     def step(self, step: int) -> bytes:
         """Every trajectory of `step` as JSON, each with its `index` in the file; raises
         FileNotFoundError or TrajectoryFileError."""
-        path = step_path(self.run_dir, step)
+        path = step_path(self.paths, step)
         key = _stat_key(path)
         if key == (0, 0):
             raise FileNotFoundError(f"{self._relative(path)}: no such file")
@@ -166,7 +169,7 @@ class RunReader:
         for step in self.steps():
             if len(hits) >= limit:
                 break
-            path = step_path(self.run_dir, step)
+            path = step_path(self.paths, step)
             try:
                 table = self._read_table(path, needed or ["reward"])
                 scanned += 1
@@ -199,7 +202,7 @@ class RunReader:
         return _encode(body)
 
     def _read_config(self, errors: list[str]) -> tuple[dict | None, str | None]:
-        path = self.run_dir / "config.yaml"
+        path = self.paths.config
         if not path.exists():
             return None, None
         text = self._cached(path, lambda p: p.read_text(), errors)

@@ -13,7 +13,7 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from looprl import precision
+from looprl import startup
 from looprl.config import Config, load_config
 from looprl.loop import train
 
@@ -97,7 +97,7 @@ async def test_tiny_model_learns_in_the_precision_this_machine_picks(peaked_mode
     """engine.dtype and train.compute_dtype left at auto: bfloat16 where the CPU has
     hardware bf16, float32 where it has not (make test's forced AVX2 run)."""
     cfg = toy_job(peaked_model_dir, tmp_path, "engine.dtype=auto", "train.compute_dtype=auto")
-    decided = precision.choose(cfg)
+    decided = startup.start(cfg).precision
     await train(cfg, show_progress=False)
     learned_steps(cfg, decided.line())
 

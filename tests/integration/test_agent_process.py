@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from looprl import startup
 from looprl.config import ConfigError, load_config
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
@@ -28,7 +29,7 @@ async def test_a_program_agent_posts_its_reward_and_trains_as_one_sample(tool_mo
     )
     agent = configured_workflow(cfg, load_task(cfg.task))
     assert isinstance(agent, AgentProcess)
-    async with start_single_process(cfg, agent) as parts:
+    async with start_single_process(startup.start(cfg, train=False), agent) as parts:
         result = await parts.controller.rollout_batch([ROW])
     stats = result.stats()
     assert stats["completed"] == 1 and stats["reward_mean"] == 1.0, stats
@@ -42,7 +43,7 @@ async def test_a_hanging_agent_is_killed_at_the_timeout_and_counted(tiny_model_d
     agent = AgentProcess([sys.executable, "-c", hang], kill_grace_s=1)
     cfg = greedy_config(tiny_model_dir, "rollout.timeout_s=3")
     start = time.monotonic()
-    async with start_single_process(cfg, agent) as parts:
+    async with start_single_process(startup.start(cfg, train=False), agent) as parts:
         result = await parts.controller.rollout_batch([ROW])
     assert time.monotonic() - start < 3 + 10
     stats = result.stats()
@@ -54,7 +55,9 @@ async def test_a_hanging_agent_is_killed_at_the_timeout_and_counted(tiny_model_d
 async def test_an_agent_that_exits_non_zero_is_counted_with_its_stderr(tiny_model_dir):
     crash = "import sys; print('starting'); print('KeyError: tool', file=sys.stderr); sys.exit(3)"
     agent = AgentProcess([sys.executable, "-c", crash])
-    async with start_single_process(greedy_config(tiny_model_dir), agent) as parts:
+    async with start_single_process(
+        startup.start(greedy_config(tiny_model_dir), train=False), agent
+    ) as parts:
         result = await parts.controller.rollout_batch([ROW])
     stats = result.stats()
     assert stats["failed"] == 1 and stats["errors"] == {"AgentProcessError": 1}, stats

@@ -15,6 +15,7 @@ import pytest
 from examples.calculator.agent_langchain import CalculatorLangChainAgent
 from examples.calculator.agent_openai import CalculatorAgent
 from examples.calculator.agent_sdk import CalculatorSDKAgent
+from looprl import startup
 from looprl.models import load_tokenizer
 from looprl.scheduling.single_process import start_single_process
 from tests.support.tool_model import ANSWER, CALL, greedy_config
@@ -27,7 +28,9 @@ ROW = {"question": "What is 2 + 3?", "answer": 5}
 )
 async def test_framework_agents_round_trip_a_tool_call_into_one_sample(tool_model_dir, agent):
     tokenizer = load_tokenizer(tool_model_dir)
-    async with start_single_process(greedy_config(tool_model_dir), agent) as parts:
+    async with start_single_process(
+        startup.start(greedy_config(tool_model_dir), train=False), agent
+    ) as parts:
         result = await parts.controller.rollout_batch([ROW])
     stats = result.stats()
     assert stats["completed"] == 1, stats

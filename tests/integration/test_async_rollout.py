@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from looprl import startup
 from looprl.models import load_model
 from looprl.scheduling.single_process import start_single_process
 from tests.integration.test_rollout import QUESTION, Counting, _client, _config, _groups, _rows
@@ -59,7 +60,7 @@ async def test_slow_and_fast_workflows_never_train_on_stale_data(tiny_model_dir)
     rows = itertools.cycle([{"think_s": 1.5}] + [{"think_s": 0.02}] * 3)
     weights = load_model(tiny_model_dir).state_dict()
     staleness, dropped = [], 0
-    async with start_single_process(cfg, workflow) as parts:
+    async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         for _ in range(6):
             result = await parts.controller.prepare_batch(rows)
             assert len(_groups(result)) == 2
@@ -86,7 +87,7 @@ async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
     """The classic trap: asking for the next batch before the version advanced."""
     cfg = _config(tiny_model_dir, *BLOCKS_FAST)
     rows = _rows(q=1)
-    async with start_single_process(cfg, Counting()) as parts:
+    async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         await controller.prepare_batch(rows)
         with caplog.at_level(logging.WARNING, logger="looprl.rollout.controller"):
@@ -110,7 +111,7 @@ async def test_a_batch_too_big_for_one_version_is_explained_and_loses_nothing(
 ):
     cfg = _config(tiny_model_dir, *BLOCKS_FAST)
     rows = _rows(q=1)
-    async with start_single_process(cfg, Counting()) as parts:
+    async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         # Synchronous RL admits 2 groups per version: a batch of 3 can never fill.
         with (
@@ -153,7 +154,7 @@ async def test_dynamic_filtering_keeps_sampling_until_the_batch_is_full(tiny_mod
         "rollout.batch_size=2",
         f"rollout.dynamic_filtering={str(filtering).lower()}",
     )
-    async with start_single_process(cfg, HalfEqual()) as parts:
+    async with start_single_process(startup.start(cfg, train=False), HalfEqual()) as parts:
         result = await parts.controller.prepare_batch(_numbered_rows())
         staleness = parts.controller.staleness
     groups: dict[str, list[float]] = {}
@@ -185,7 +186,7 @@ class AddsBonus:
 
 async def test_submit_wait_and_rollout_batch_take_another_workflow(tiny_model_dir):
     cfg = _config(tiny_model_dir, "rollout.group_size=2")
-    async with start_single_process(cfg, Counting()) as parts:
+    async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         with pytest.raises(RuntimeError, match="nothing is submitted or running"):
             await controller.wait(1)

@@ -350,7 +350,7 @@ def test_ranks_given_different_batches_raise(two_ranks):
 
 def test_without_a_process_group_the_error_says_where_to_build_it(model_dirs):
     with pytest.raises(RuntimeError, match="build it in a trainer rank"):
-        DataParallelTrainer(load_model(model_dirs["tiny"]), TrainConfig())
+        DataParallelTrainer(load_model(model_dirs["tiny"]), TrainConfig(compute_dtype="float32"))
 
 
 def test_balanced_shards_longest_first_to_the_lightest_rank():

@@ -20,6 +20,7 @@ import pytest
 import torch
 from openai import AsyncOpenAI
 
+from looprl import startup
 from looprl.config import load_config
 from looprl.engines.pool import EnginePool
 from looprl.engines.servers.vllm import VLLMEngine
@@ -52,7 +53,7 @@ async def kill_with_requests_in_flight(pool: EnginePool, count: int) -> tuple[in
     async with asyncio.timeout(120):
         while replica()["outstanding_requests"] < count:
             await asyncio.sleep(0.02)
-    pid = pool.engines[0].server.process.pid
+    pid = pool.engines[0].process.pid
     in_flight = replica()["outstanding_requests"]
     os.kill(pid, signal.SIGKILL)
     return pid, in_flight
@@ -87,7 +88,9 @@ async def test_a_killed_vllm_server_is_restarted_on_its_weights_and_its_requests
     )
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
     caplog.set_level(logging.INFO, logger="looprl")
-    async with start_single_process(cfg, LongAnswer(), model=policy) as parts:
+    async with start_single_process(
+        startup.start(cfg, train=False), LongAnswer(), model=policy
+    ) as parts:
         pool = parts.engine
         assert isinstance(pool, EnginePool) and isinstance(pool.engines[0], VLLMEngine)
         at_v0 = await pool.generate(prompt, greedy)
@@ -114,8 +117,8 @@ async def test_a_killed_vllm_server_is_restarted_on_its_weights_and_its_requests
         async with httpx.AsyncClient() as http:  # what the gateway tells a user
             reported = (await http.get(f"{parts.gateway.url}/health")).json()["engine"]
         assert (reported["retries"], reported["restarts"]) == (in_flight, 1)
-        server = pool.engines[0].server
-        assert server.process.pid != old_pid and pool.version == 1
+        engine = pool.engines[0]
+        assert engine.process.pid != old_pid and pool.version == 1
         with pytest.raises(ProcessLookupError):  # nothing of the old server is left
             os.killpg(old_pid, 0)
         # The restarted server serves version 1's weights, not the folder it first started on.

@@ -15,10 +15,11 @@ import signal
 
 import pytest
 
+from looprl import startup
 from looprl.config import Config, ConfigError, load_config
-from looprl.loop import close_workflow
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
+from looprl.workflows.protocol import close_workflow
 from looprl.workflows.resolution import configured_workflow
 from tests.integration.test_envs import train_two_steps
 
@@ -44,7 +45,7 @@ async def _play(model_dir, tmp_path, rows, *overrides: str):
     rows = rows if rows is not None else task.train
     workflow = configured_workflow(cfg, task)
     try:
-        async with start_single_process(cfg, workflow) as parts:
+        async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
             result = await parts.controller.rollout_batch(rows)
             return result, rows, parts.tokenizer
     finally:

@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from looprl import startup
 from looprl.config import load_config
 from looprl.envs.base import EnvCrashed, EnvFailed, EnvTimedOut
 from looprl.envs.workers import EnvWorkers
@@ -55,7 +56,7 @@ async def _play(model_dir, rows: list[dict], *overrides: str):
     )
     workflow = configured_workflow(cfg, load_task(cfg.task))
     try:
-        async with start_single_process(cfg, workflow) as parts:
+        async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
             result = await parts.controller.rollout_batch(rows)
             return result, workflow, parts.tokenizer
     finally:
@@ -188,7 +189,7 @@ async def test_failing_envs_end_their_episode_only_and_the_run_goes_on(tiny_mode
     )
     workflow = configured_workflow(cfg, load_task(cfg.task))
     try:
-        async with start_single_process(cfg, workflow) as parts:
+        async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
             first = await parts.controller.rollout_batch([{"seed": s} for s in range(4)])
             again = await parts.controller.rollout_batch([{"seed": 4}, {"seed": 8}])
     finally:

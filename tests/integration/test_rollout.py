@@ -22,6 +22,7 @@ import pytest
 import torch
 from openai import AsyncOpenAI
 
+from looprl import startup
 from looprl.config import Config, load_config
 from looprl.gateway.sessions import Session, SessionStore
 from looprl.models import load_model, load_tokenizer
@@ -110,7 +111,7 @@ async def test_bad_workflows_are_counted_by_outcome_and_none_is_fatal(tiny_model
     # Long enough for the good ones' calls on a loaded 2-core machine, short for a test.
     cfg = _config(tiny_model_dir, "rollout.timeout_s=4")
     caplog.set_level(logging.WARNING, logger="looprl.rollout.controller")
-    async with start_single_process(cfg, Misbehaving()) as parts:
+    async with start_single_process(startup.start(cfg, train=False), Misbehaving()) as parts:
         start = time.monotonic()
         result = await parts.controller.rollout_batch([{"kind": k} for k in kinds])
         elapsed = time.monotonic() - start
@@ -210,7 +211,9 @@ class TwoTurns:
 
 async def _two_turn_rollouts(cfg: Config, model=None, **workflow_kw) -> tuple[RolloutResult, dict]:
     workflow = TwoTurns(**workflow_kw)
-    async with start_single_process(cfg, workflow, model=model) as parts:
+    async with start_single_process(
+        startup.start(cfg, train=False), workflow, model=model
+    ) as parts:
         workflow.store = parts.gateway.store
         result = await parts.controller.rollout_batch([{}], group_size=2)
     return result, workflow.sessions
@@ -306,7 +309,9 @@ class Rewarding:
 
 async def test_per_call_reward_dicts_and_posted_rewards(tiny_model_dir):
     shapes = ["dict", "dict_first_only", "posted", "posted_per_call"]
-    async with start_single_process(_config(tiny_model_dir), Rewarding()) as parts:
+    async with start_single_process(
+        startup.start(_config(tiny_model_dir), train=False), Rewarding()
+    ) as parts:
         result = await parts.controller.rollout_batch([{"reward": s} for s in shapes])
     by_shape = dict(zip(shapes, result.outcomes, strict=True))
     assert all(o.status == "completed" for o in result.outcomes), result.outcomes
@@ -360,7 +365,7 @@ async def _settle(workflow: Counting, started: int, timeout_s: float = 10.0) -> 
 async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_model_dir):
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=0)
     workflow = Counting()
-    async with start_single_process(cfg, workflow) as parts:
+    async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
         first = await controller.prepare_batch(rows)
         assert [len(g) for g in _groups(first)] == [2, 2]
@@ -383,7 +388,7 @@ async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_mod
 async def test_one_step_off_policy_runs_one_batch_ahead(tiny_model_dir):
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=1)
     workflow = Counting()
-    async with start_single_process(cfg, workflow) as parts:
+    async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
         first = await controller.prepare_batch(rows)
         await _settle(workflow, 8)  # the next batch is produced without a version bump
@@ -412,7 +417,7 @@ async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
         "rollout.max_concurrent_rollouts=4",
     )
     workflow = Counting()
-    async with start_single_process(cfg, workflow) as parts:
+    async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         rows = _rows(q=1)
         for _ in range(3):
             result = await parts.controller.prepare_batch(rows)
@@ -421,7 +426,7 @@ async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
 
     workflow = Counting()
     cfg.rollout.max_concurrent_rollouts = 3
-    async with start_single_process(cfg, workflow) as parts:
+    async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         await parts.controller.rollout_batch([{}] * 5, group_size=2)
     assert workflow.started == 10 and workflow.peak == 3
 
@@ -447,7 +452,9 @@ class AsksForMore:
 
 async def test_eval_overrides_win_over_what_the_agent_asks(tiny_model_dir):
     workflow = AsksForMore()
-    async with start_single_process(_config(tiny_model_dir), workflow) as parts:
+    async with start_single_process(
+        startup.start(_config(tiny_model_dir), train=False), workflow
+    ) as parts:
         workflow.store = parts.gateway.store
         controller = parts.controller
         greedy = await controller.rollout_batch(
@@ -486,7 +493,9 @@ async def test_eval_temperature_samples_the_held_out_rollouts(tiny_model_dir):
             ],
         )
         task = load_task(cfg.task)
-        async with start_single_process(cfg, configured_workflow(cfg, task)) as parts:
+        async with start_single_process(
+            startup.start(cfg, train=False), configured_workflow(cfg, task)
+        ) as parts:
             results = []
 
             async def keep(*args, _run=parts.controller.rollout_batch, _kept=results, **kw):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from looprl import adapters
+from looprl import adapters, startup
 from looprl.config import Config, EngineConfig, LoraConfig, TrainConfig, load_config
 from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
@@ -70,7 +70,8 @@ def _config(url: str, tmp_path, model_dir) -> Config:
 async def engine(server, model, tokenizer, tmp_path, tiny_model_dir):
     url, _, _ = server
     cfg = _config(url, tmp_path, tiny_model_dir)
-    engine = await start_engine(cfg, model, tokenizer, cfg.run_dir)
+    setup = startup.start(cfg, train=False)
+    engine = await start_engine(setup, model, setup.paths)
     assert isinstance(engine, SGLangEngine)
     yield engine
     await engine.stop()

@@ -22,11 +22,13 @@ import pytest
 import torch
 from PIL import Image
 
+from looprl import startup
 from looprl.config import load_config
 from looprl.diagnostics.rendering import choose_mujoco_gl, find_renderers
-from looprl.envs.frames import FRAME_MS, frame_path, frames_dir
+from looprl.envs.frames import FRAME_MS
 from looprl.envs.workers import EnvWorkers
 from looprl.models import load_model, load_tokenizer
+from looprl.runs.paths import RunPaths, frame_file
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflows.resolution import configured_workflow
@@ -79,9 +81,11 @@ async def _play(model_dir, run_dir, env_id: str, *overrides: str):
             *overrides,
         ],
     )
-    workflow = configured_workflow(cfg, load_task(cfg.task))
+    workflow = configured_workflow(
+        cfg, load_task(cfg.task), frames_dir=RunPaths(cfg.run_dir).frames
+    )
     try:
-        async with start_single_process(cfg, workflow) as parts:
+        async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
             result = await parts.controller.rollout_batch([{"seed": s} for s in SEEDS])
             return result, workflow, cfg.run_dir
     finally:
@@ -160,14 +164,14 @@ async def test_cart_pole_in_words_with_its_frames_beside_the_trajectories(pole_m
     result, workflow, run_dir = await _play(pole_model_dir, tmp_path, "CartPole-v1")
     episodes = _check_episodes(result, "CartPole-v1", (0, 1, 2, 3), (2.4, 12.0))
     assert workflow.workers.counts == {"frames_saved": 2, "frames_dropped": 0}
-    assert sorted(p.name for p in frames_dir(run_dir).iterdir()) == sorted(
+    assert sorted(p.name for p in RunPaths(run_dir).frames.iterdir()) == sorted(
         f"{session}.gif" for session, _ in episodes
     )
     # What the env showed: a frame at reset and after each push, 600x400 saved as
     # 240x160, each like the env's own render of the replayed state.
     renderer = gymnasium.make("CartPole-v1", render_mode="rgb_array").unwrapped
     for session, observations in episodes:
-        frames = _read_gif(frame_path(run_dir, session))
+        frames = _read_gif(frame_file(RunPaths(run_dir).frames, session))
         assert len(frames) == 1 + STEPS
         assert all(f.size == (240, 160) for f in frames)
         for frame, observation in zip(frames, observations, strict=True):
@@ -198,7 +202,7 @@ async def test_inverted_pendulum_in_words_with_its_frames(pole_model_dir, tmp_pa
     episodes = _check_episodes(result, "InvertedPendulum-v5", (0, 2, 1, 3), (1.0, 11.5))
     assert workflow.workers.counts == {"frames_saved": 2, "frames_dropped": 0}
     for session, _ in episodes:
-        frames = _read_gif(frame_path(run_dir, session))
+        frames = _read_gif(frame_file(RunPaths(run_dir).frames, session))
         assert len(frames) == 1 + STEPS and all(f.size == (240, 240) for f in frames)
         assert np.asarray(frames[0]).std() > 10  # a scene, not a blank frame
 
@@ -215,7 +219,7 @@ async def test_a_render_that_fails_is_diagnosed_and_the_episodes_go_on(
         result, workflow, run_dir = await _play(pole_model_dir, tmp_path, "InvertedPendulum-v5")
     _check_episodes(result, "InvertedPendulum-v5", (0, 2, 1, 3), (1.0, 11.5))
     assert workflow.workers.counts == {"frames_failed": 2}
-    assert not frames_dir(run_dir).exists()
+    assert not RunPaths(run_dir).frames.exists()
     (warning,) = [r.getMessage() for r in caplog.records if "were not saved" in r.getMessage()]
     assert "episodes go on without them; later ones are counted as frames_failed" in warning
     diagnosis = "looprl doctor says: MUJOCO_GL: MUJOCO_GL=egl but glvnd finds no EGL vendor"

@@ -137,7 +137,7 @@ def test_bf16_autocast_step_keeps_float32_logprobs(model):
 def test_state_dict_round_trip(model):
     model = copy.deepcopy(model)
     batch = _batch(model)
-    cfg = TrainConfig(lr=1e-3, warmup_steps=2)
+    cfg = TrainConfig(compute_dtype="float32", lr=1e-3, warmup_steps=2)
     trainer = Trainer(model, cfg)
     trainer.train_step(batch)
     state = copy.deepcopy(trainer.state_dict())
@@ -154,13 +154,13 @@ def test_state_dict_round_trip(model):
 
 def test_reference_model_errors(model):
     with pytest.raises(ValueError, match="train.kl_coef=0.1 needs a reference model"):
-        Trainer(model, TrainConfig(kl_coef=0.1))
+        Trainer(model, TrainConfig(compute_dtype="float32", kl_coef=0.1))
     with pytest.raises(ValueError, match="ref_model is the policy model itself"):
-        Trainer(model, TrainConfig(kl_coef=0.1), ref_model=model)
+        Trainer(model, TrainConfig(compute_dtype="float32", kl_coef=0.1), ref_model=model)
 
 
 def test_lr_schedule():
-    cfg = TrainConfig(warmup_steps=2, total_steps=6, lr_schedule="cosine")
+    cfg = TrainConfig(compute_dtype="float32", warmup_steps=2, total_steps=6, lr_schedule="cosine")
     # warmup 1/2, 1; then cosine over 4 steps: progress 0, .25, .5, .75 -> 1, .853553, .5, .146447
     got = [lr_factor(step, cfg) for step in range(6)]
     assert got == pytest.approx([0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447], abs=1e-6)
@@ -188,7 +188,9 @@ def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
 def test_a_forced_oom_names_its_phase_and_max_tokens_per_mb(model, monkeypatch):
     """Fault injection: a real out-of-memory error would take this machine down."""
     batch = _batch(model)
-    trainer = Trainer(copy.deepcopy(model), TrainConfig(max_tokens_per_mb=512))
+    trainer = Trainer(
+        copy.deepcopy(model), TrainConfig(compute_dtype="float32", max_tokens_per_mb=512)
+    )
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -433,9 +435,12 @@ def test_distillation_moves_the_students_logprobs_toward_the_teachers(model):
 
 def test_distillation_needs_its_teacher(model):
     with pytest.raises(ValueError, match="teacher"):
-        Trainer(copy.deepcopy(model), TrainConfig(algorithm="distill", teacher_path="t"))
+        Trainer(
+            copy.deepcopy(model),
+            TrainConfig(compute_dtype="float32", algorithm="distill", teacher_path="t"),
+        )
     with pytest.raises(ValueError, match="teacher"):
-        Trainer(copy.deepcopy(model), TrainConfig(), teacher_model=model)
+        Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32"), teacher_model=model)
 
 
 def test_activation_checkpointing_gives_the_same_gradients(model):

@@ -28,7 +28,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from looprl import adapters
+from looprl import adapters, startup
 from looprl.commands.consistency import measure, task_prompts
 from looprl.config import EngineConfig, LoraConfig, TrainConfig, load_config
 from looprl.engines.base import EngineError
@@ -83,7 +83,8 @@ async def fp32(vllm_venv, tmp_path_factory):
     )
     tokenizer = load_tokenizer("default")
     policy = load_model("default")
-    engine = await start_engine(cfg, policy, tokenizer, cfg.run_dir)
+    setup = startup.start(cfg, train=False)
+    engine = await start_engine(setup, policy, setup.paths)
     assert isinstance(engine, VLLMEngine)
     trainer = Trainer(policy, cfg.train, temperature=TEMPERATURE)
     prompts = task_prompts(cfg, tokenizer, 4)
@@ -152,7 +153,7 @@ async def test_every_endpoint_but_health_needs_the_servers_key(fp32):
                 response = await http.request(method, path, json=body, headers=headers)
                 assert response.status_code == 401, (method, path, headers, response.text)
         assert (await http.get("/health")).status_code == 200
-        key = {"Authorization": f"Bearer {fp32.engine.server.process.api_key}"}
+        key = {"Authorization": f"Bearer {fp32.engine.process.api_key}"}
         assert (await http.get("/v1/models", headers=key)).status_code == 200
     gen = await fp32.engine.generate(fp32.prompts[0], SamplingParams(max_new_tokens=4))
     assert len(gen.output_ids) == 4
@@ -208,7 +209,7 @@ async def test_connect_to_a_running_server_loads_the_policy(fp32, tmp_path, monk
     with pytest.raises(EngineError, match=f"401.*set {ENGINE_KEY_VARIABLE}"):
         await VLLMEngine.connect(cfg, model=fp32.policy, tokenizer=fp32.tokenizer, run_dir=tmp_path)
     # The user gives looprl the key of the server they started.
-    monkeypatch.setenv(ENGINE_KEY_VARIABLE, fp32.engine.server.process.api_key)
+    monkeypatch.setenv(ENGINE_KEY_VARIABLE, fp32.engine.process.api_key)
     other = await VLLMEngine.connect(
         cfg, model=fp32.policy, tokenizer=fp32.tokenizer, run_dir=tmp_path
     )
@@ -276,10 +277,10 @@ async def test_lora_adapters_load_by_name_and_the_base_is_never_reloaded(fp32):
         adapter = _random_adapter(seed)
         await engine.update_adapter(adapter, version)
         assert engine.version == version
-        assert engine.server.adapter == f"lora-v{version:06d}"
-        models = (await engine.server.client.get("/v1/models"))["data"]
+        assert engine.adapter == f"lora-v{version:06d}"
+        models = (await engine.client.get("/v1/models"))["data"]
         # the base and this version only: the previous adapter was unloaded
-        assert sorted(m["id"] for m in models) == sorted(["policy", engine.server.adapter])
+        assert sorted(m["id"] for m in models) == sorted(["policy", engine.adapter])
         gen = await engine.generate(prompt, sampling)
         assert gen.versions == [version] * len(gen.output_ids)
         # sampled from base + this adapter, not from the base alone
@@ -299,17 +300,17 @@ async def test_a_restarted_server_comes_back_with_its_adapter(fp32):
     await engine.update_adapter(_random_adapter(5), 5)
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     before = await engine.generate(prompt, sampling)
-    os.kill(engine.server.process.pid, signal.SIGKILL)
+    os.kill(engine.process.pid, signal.SIGKILL)
     await engine.restart()
-    assert engine.version == 5 and engine.server.adapter == "lora-v000005"
-    models = (await engine.server.client.get("/v1/models"))["data"]
+    assert engine.version == 5 and engine.adapter == "lora-v000005"
+    models = (await engine.client.get("/v1/models"))["data"]
     assert "lora-v000005" in {m["id"] for m in models}  # the new process loaded it
     after = await engine.generate(prompt, sampling)
     assert after.output_ids == before.output_ids and after.versions[0] == 5
 
 
 async def test_a_server_that_died_is_reported_with_its_log(fp32):
-    fp32.engine.server.process.stop()
+    fp32.engine.process.stop()
     with pytest.raises(EngineError, match=r"has exited\. Last lines of its log .*vllm-0\.log"):
         await fp32.engine.generate(fp32.prompts[0], SamplingParams(max_new_tokens=4))
 

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 from looprl.config import load_config
+from looprl.runs.paths import RunPaths
 from looprl.runs.trajectories import write_step
 
 WORDS = ["the", "of", "a", "to", "and", "is", "in", "that", "it", "for", "on", "with", "as"]
@@ -40,7 +41,7 @@ def write_synthetic_run(
             f"rollout.group_size={group_size}",
         ],
     ).save(run_dir)
-    with (run_dir / "metrics.jsonl").open("w") as f:
+    with RunPaths(run_dir).metrics.open("w") as f:
         for record in metric_records(steps, eval_every):
             f.write(json.dumps(record) + "\n")
     for step in range(1, steps + 1):

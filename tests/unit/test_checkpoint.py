@@ -5,6 +5,7 @@ import torch
 
 from looprl.config import load_config
 from looprl.loop import DataStream, resume_point
+from looprl.runs import atomic
 from looprl.runs import checkpoint as ck
 
 
@@ -28,6 +29,28 @@ def test_round_trip_latest_pointer_and_pruning(tmp_path):
     found = ck.load_latest(cfg.run_dir)
     assert found.step == 4 and found.state["data_position"] == 40
     assert torch.equal(found.trainer["model"]["w"], torch.full((4,), 4.0))
+
+
+def test_atomic_write_replaces_the_whole_file_or_keeps_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "sub" / "latest"
+    atomic.atomic_write_text(path, "old")  # the folder is made
+    assert path.read_text() == "old"
+
+    def half_then_disk_full(tmp):
+        tmp.write_text("ne")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        atomic.atomic_write(path, half_then_disk_full)
+    assert path.read_text() == "old"
+    assert [p.name for p in path.parent.iterdir()] == ["latest"]  # no temporary left
+
+    synced = []
+    monkeypatch.setattr(atomic, "fsync_file", lambda p: synced.append(("file", p.parent)))
+    monkeypatch.setattr(atomic, "fsync_dir", lambda p: synced.append(("dir", p)))
+    atomic.atomic_write_text(path, "new", fsync=True)  # the temporary file, then the folder
+    assert path.read_text() == "new"
+    assert synced == [("file", path.parent), ("dir", path.parent)]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "unfinished"])

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from looprl.envs.frames import FRAME_MS, EpisodeFrames, FrameRecorder, frame_path
+from looprl.envs.frames import FRAME_MS, EpisodeFrames, FrameRecorder
+from looprl.runs.paths import RunPaths, frame_file
 
 
 def _frame(value: int, height: int = 400, width: int = 600) -> np.ndarray:
@@ -73,7 +74,7 @@ def test_a_worker_saves_a_gif_and_stops_rendering_after_a_failure(tmp_path):
     frames.start("e0", env, record=True)
     frames.capture("e0", env)
     frames.capture("e0", env)
-    path = frame_path(tmp_path, "s1")
+    path = frame_file(RunPaths(tmp_path).frames, "s1")
     assert frames.save("e0", str(path)) == {"frames": 3, "dropped": 0}
     with Image.open(path) as gif:
         assert gif.n_frames == 3 and gif.size == (60, 40)

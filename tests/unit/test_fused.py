@@ -149,12 +149,12 @@ def test_packed_weights_are_refused_off_the_cpu():
 
 def test_unsupported_models_say_why():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
-    assert "gpt2" in unsupported_reason(gpt2)
+    assert "gpt2" in unsupported_reason(gpt2.config)
     windowed = MistralForCausalLM(MistralConfig(**SIZES, sliding_window=16))
-    assert "sliding-window" in unsupported_reason(windowed)
+    assert "sliding-window" in unsupported_reason(windowed.config)
     with pytest.raises(ValueError, match="sliding-window"):
         FusedDecoder(windowed)
-    assert unsupported_reason(MODELS["llama"]()) is None
+    assert unsupported_reason(MODELS["llama"]().config) is None
 
 
 def test_slot_cache_grows_within_budget_and_keeps_contents():

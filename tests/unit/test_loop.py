@@ -1,7 +1,8 @@
 import asyncio
 
 from looprl.config import load_config
-from looprl.loop import close_workflow, describe_loss
+from looprl.loop import describe_loss
+from looprl.workflows.protocol import close_workflow
 
 
 def test_the_start_up_log_names_the_resolved_loss():

@@ -2,7 +2,7 @@ from typer.testing import CliRunner
 
 from looprl.cli import app
 from looprl.commands.show import PROMPT_STYLE, SAMPLED_STYLES, _ranges, tokens
-from looprl.envs.frames import frame_path
+from looprl.runs.paths import RunPaths, frame_file
 from looprl.runs.trajectories import step_path, step_rows, write_step
 from tests.unit.test_trajectory_files import step_fixture, token_text
 
@@ -45,7 +45,7 @@ def test_show_picks_the_step_group_and_index(tmp_path):
 def test_show_names_the_episodes_frames_when_they_were_saved(tmp_path):
     write_run(tmp_path)
     assert "frames:" not in show(tmp_path).output
-    frames = frame_path(tmp_path, "sA")  # env.frames_every's file of session sA
+    frames = frame_file(RunPaths(tmp_path).frames, "sA")  # env.frames_every's file of sA
     frames.parent.mkdir()
     frames.write_bytes(b"GIF89a")
     assert f"frames: {frames}" in show(tmp_path).output

@@ -58,8 +58,8 @@ from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.local.fused import unsupported_reason
 from looprl.engines.local.runners import FusedRunner, HFRunner
-from looprl.models import DTYPES, eos_token_ids, load_model, load_tokenizer
-from looprl.precision import PrecisionError, decide_engine, layer_shape, probe, warn_once
+from looprl.models import DTYPES, eos_token_ids
+from looprl.precision import EnginePrecision, PrecisionError
 from looprl.runtime import tune_malloc
 from looprl.types import FinishReason, Generation, LoraAdapter, SamplingParams
 
@@ -111,8 +111,8 @@ class LocalEngine:
         *,
         eos_token_ids: list[int],
         decode: Callable[[list[int]], str] | None = None,
-        dtype: str = "auto",
-        weight_layout: str = "auto",
+        dtype: str = "float32",
+        weight_layout: str = "plain",
         max_batch_size: int = 64,
         max_tokens_per_batch: int = 65536,
         batch_wait_ms: float = 5.0,
@@ -120,11 +120,15 @@ class LocalEngine:
         version: int = 0,
         impl: str = "auto",
     ) -> None:
-        if dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"engine dtype={dtype!r} must be 'auto', 'float32' or 'bfloat16'")
-        if weight_layout not in ("auto", "packed", "plain"):
+        if dtype not in ("float32", "bfloat16"):
             raise ValueError(
-                f"engine weight_layout={weight_layout!r} must be 'auto', 'packed' or 'plain'"
+                f"engine dtype={dtype!r} must be 'float32' or 'bfloat16' (engine.dtype=auto "
+                "is decided at start-up, looprl/startup.py, which passes the result here)"
+            )
+        if weight_layout not in ("packed", "plain"):
+            raise ValueError(
+                f"engine weight_layout={weight_layout!r} must be 'packed' or 'plain' "
+                "(engine.weight_layout=auto is decided at start-up, looprl/startup.py)"
             )
         if max_batch_size < 1 or max_tokens_per_batch < 1:
             raise ValueError(
@@ -136,7 +140,7 @@ class LocalEngine:
         if impl not in ("auto", "fused", "hf"):
             raise ValueError(f"engine impl={impl!r} must be 'auto', 'fused' or 'hf'")
         tune_malloc()
-        reason = unsupported_reason(model)
+        reason = unsupported_reason(model.config)
         if impl == "fused" and reason:
             raise ValueError(f"engine impl='fused' cannot run this model: {reason}")
         fused = impl != "hf" and not reason
@@ -146,22 +150,20 @@ class LocalEngine:
                 f"runs the Hugging Face one ({reason or 'engine.impl=hf'}); set "
                 "engine.weight_layout=auto"
             )
-        found = probe(model.device, *layer_shape(model.config))
-        self.precision = decide_engine(dtype, weight_layout, found)
-        if self.precision.warning:
-            warn_once(self.precision.warning)
+        self.dtype, self.weight_layout = dtype, weight_layout
         # A copy, so the trainer can keep updating its own model while this one serves.
-        self._model = copy.deepcopy(model).to(DTYPES[self.precision.dtype]).eval()
+        self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
         if fused:
-            packed = self.precision.weight_layout == "packed"
             self._runner: FusedRunner | HFRunner = FusedRunner(
-                self._model, max_tokens_per_batch, prefix_cache_tokens, packed=packed
+                self._model,
+                max_tokens_per_batch,
+                prefix_cache_tokens,
+                packed=weight_layout == "packed",
             )
         else:
             if impl == "auto":
                 log.info("Local engine: Hugging Face forward (%s)", reason)
             self._runner = HFRunner(self._model, max_tokens_per_batch)
-        log.debug("Local engine: %s", self.precision.describe())
         self._eos_token_ids = frozenset(eos_token_ids)
         self._decode = decode
         self._max_batch_size = max_batch_size
@@ -188,21 +190,18 @@ class LocalEngine:
         self._unexplained_failures = 0  # failed steps in a row with no request to blame
 
     @classmethod
-    def from_config(cls, model_path: str, cfg: EngineConfig) -> LocalEngine:
-        """Load model and tokenizer from `model_path` (a folder or 'default')."""
-        # Loaded in float32; the engine's copy is in the dtype it chooses.
-        return cls.for_model(load_model(model_path), load_tokenizer(model_path), cfg)
-
-    @classmethod
-    def for_model(cls, model: PreTrainedModel, tokenizer, cfg: EngineConfig) -> LocalEngine:
-        """An engine on its own copy of `model` (in cfg.dtype), stopping at `tokenizer`'s
-        EOS ids and detecting stop strings with its decode."""
+    def for_model(
+        cls, model: PreTrainedModel, tokenizer, cfg: EngineConfig, precision: EnginePrecision
+    ) -> LocalEngine:
+        """An engine on its own copy of `model` in the `precision` start-up decided, with
+        `cfg`'s batching limits, stopping at `tokenizer`'s EOS ids and detecting stop
+        strings with its decode."""
         return cls(
             model,
             eos_token_ids=eos_token_ids(tokenizer, model),
             decode=tokenizer.decode,
-            dtype=cfg.dtype,
-            weight_layout=cfg.weight_layout,
+            dtype=precision.dtype,
+            weight_layout=precision.weight_layout,
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,

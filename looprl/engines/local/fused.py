@@ -36,7 +36,7 @@ from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from looprl.types import LoraAdapter
 
@@ -44,9 +44,8 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _SLOT_ROUND, _COLUMN_ROUND = 8, 64
 
 
-def unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why `model` cannot run on the fused forward, or None when it can."""
-    cfg = model.config
+def unsupported_reason(cfg: PretrainedConfig) -> str | None:
+    """Why a model of config `cfg` cannot run on the fused forward, or None when it can."""
     if cfg.model_type not in SUPPORTED:
         return f"model_type {cfg.model_type!r} is not one of {', '.join(SUPPORTED)}"
     if getattr(cfg, "use_sliding_window", False) or (
@@ -71,7 +70,7 @@ class FusedDecoder:
     """
 
     def __init__(self, model: PreTrainedModel, *, packed: bool = False) -> None:
-        reason = unsupported_reason(model)
+        reason = unsupported_reason(model.config)
         if reason:
             raise ValueError(f"the fused forward cannot run this model: {reason}")
         cfg = model.config

@@ -26,9 +26,9 @@ The protocol followed, from sgl-project/sglang: docs/basic_usage/sampling_params
 - update_weights: the state dict is written to <run_dir>/weights/v<version>, then
   pause (our requests drained by `RequestGate`, then POST /pause_generation
   {"mode": "retract"}), POST /update_weights_from_disk {model_path, weight_version,
-  flush_cache}, POST /continue_generation, in the order `reloadable.py` keeps for
-  both servers. Each generation is sampled by one version, the one it started with (see
-  vllm.py).
+  flush_cache}, POST /continue_generation, in the order `server_engine.py` keeps for
+  both servers (`SGLangEngine` implements `ServerEngine`'s control calls). Each
+  generation is sampled by one version, the one it started with (see vllm.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from looprl.config import EngineConfig
 from looprl.engines.base import EngineError, EngineRequestError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerProcess, free_port
-from looprl.engines.servers.reloadable import ServerCalls, ServerEngine, server_python
+from looprl.engines.servers.server_engine import ServerEngine, launched_client, server_python
+from looprl.runs.paths import RunPaths
 from looprl.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class SGLangEngine(ServerEngine):
     ) -> SGLangEngine:
         """Write `model`'s weights as version 0 and start an SGLang server on them."""
         python = server_python(cfg, DEFAULT_VENV, "pip install sglang")  # on a CUDA machine
-        log_path = Path(run_dir) / "logs" / "sglang-0.log"
+        log_path = RunPaths(run_dir).server_logs / "sglang-0.log"
 
         def process_for(model_dir: Path) -> ServerProcess:
             port, key = free_port(), secrets.token_urlsafe(32)
@@ -80,7 +81,8 @@ class SGLangEngine(ServerEngine):
 
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
         log.info("Starting an SGLang server for the engine; its log: %s", log_path)
-        return cls(await cls.start_server(process_for, weights, model, _CALLS))
+        process = await cls.start_process(process_for, weights, model)
+        return cls(launched_client(process), weights, process=process, process_for=process_for)
 
     @classmethod
     async def connect(
@@ -97,7 +99,28 @@ class SGLangEngine(ServerEngine):
                 "not a generative model"
             )
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
-        return cls(await cls.attach(client, weights, model, _CALLS))
+        return await cls.attach(client, weights, model)
+
+    async def server_pause(self) -> None:
+        await self.client.post("/pause_generation", {"mode": "retract"}, retry=True)
+
+    async def server_resume(self) -> None:
+        await self.client.post("/continue_generation", {}, retry=True)
+
+    async def server_load_weights(self, path: Path, version: int) -> None:
+        body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+        reply = await self.client.post("/update_weights_from_disk", body, retry=True)
+        if not reply.get("success", False):
+            raise EngineError(
+                f"the SGLang server at {self.client.url} did not load {path}: "
+                f"{reply.get('message')}"
+            )
+
+    async def server_release_memory(self) -> None:
+        await self.client.post("/release_memory_occupation", {}, retry=True)
+
+    async def server_reacquire_memory(self) -> None:
+        await self.client.post("/resume_memory_occupation", {}, retry=True)
 
     def check_sampling(self, sampling: SamplingParams) -> None:
         if not sampling.greedy and (sampling.top_k or sampling.top_p < 1):
@@ -159,24 +182,6 @@ class SGLangEngine(ServerEngine):
             finish_reason=finish_reason,
             top_logprobs=top,
         )
-
-
-async def _load(client: ServerClient, path: Path, version: int) -> None:
-    body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
-    reply = await client.post("/update_weights_from_disk", body, retry=True)
-    if not reply.get("success", False):
-        raise EngineError(
-            f"the SGLang server at {client.url} did not load {path}: {reply.get('message')}"
-        )
-
-
-_CALLS = ServerCalls(
-    pause=lambda client: client.post("/pause_generation", {"mode": "retract"}, retry=True),
-    resume=lambda client: client.post("/continue_generation", {}, retry=True),
-    load=_load,
-    release=lambda client: client.post("/release_memory_occupation", {}, retry=True),
-    reacquire=lambda client: client.post("/resume_memory_occupation", {}, retry=True),
-)
 
 
 def sglang_command(

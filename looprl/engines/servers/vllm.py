@@ -4,7 +4,7 @@ Owns: the Engine protocol over a vLLM (0.32) OpenAI-compatible server that loopr
 launched (`launch_server`: its log in <run_dir>/logs/vllm-0.log) or that already runs
 (`connect`). Does not own the server's process (`vllm_server.py`), the weight files
 (`weight_folder.py`), the order of pause, reload and resume, nor what both servers do
-alike (`reloadable.py`).
+alike (`server_engine.py`): it implements `ServerEngine`'s control calls.
 
 - generate: POST /v1/completions with the prompt as token ids, `return_token_ids` and
   `logprobs` (the sampled token's, plus `top_logprobs` more, as `token_id:N` keys).
@@ -37,8 +37,10 @@ from looprl.config import EngineConfig
 from looprl.engines.base import EngineError
 from looprl.engines.servers.client import ServerClient
 from looprl.engines.servers.process import ServerError
-from looprl.engines.servers.reloadable import ServerCalls, ServerEngine, server_python
+from looprl.engines.servers.server_engine import ServerEngine, launched_client, server_python
 from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.servers.weight_folder import WeightFolder
+from looprl.runs.paths import RunPaths
 from looprl.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,12 @@ class VLLMEngine(ServerEngine):
 
     kind = "vLLM"
     generate_path = "/v1/completions"
+    loads_adapters = True
 
-    def __init__(self, server, *, served_name: str):
-        super().__init__(server)
+    def __init__(
+        self, client: ServerClient, weights: WeightFolder, *, served_name: str, **kwargs
+    ) -> None:
+        super().__init__(client, weights, **kwargs)
         self.served_name = served_name
 
     @classmethod
@@ -73,7 +78,7 @@ class VLLMEngine(ServerEngine):
         CPU with --enforce-eager in engine.server_args, ~100 s compiled); with
         `max_lora_rank`, able to load LoRA adapters of up to that rank at run time."""
         python = _python(cfg, gpus)
-        log_path = Path(run_dir) / "logs" / "vllm-0.log"
+        log_path = RunPaths(run_dir).server_logs / "vllm-0.log"
 
         def process_for(model_dir: Path):
             return VLLMServer(
@@ -94,8 +99,15 @@ class VLLMEngine(ServerEngine):
 
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
         log.info("Starting a vLLM server for the engine; its log: %s", log_path)
-        server = await cls.start_server(process_for, weights, model, _CALLS)
-        return cls(server, served_name=await _served_name(server.client))
+        process = await cls.start_process(process_for, weights, model)
+        client = launched_client(process)
+        return cls(
+            client,
+            weights,
+            process=process,
+            process_for=process_for,
+            served_name=await _served_name(client),
+        )
 
     @classmethod
     async def connect(
@@ -126,11 +138,38 @@ class VLLMEngine(ServerEngine):
             await client.close()
             raise
         weights = cls.weight_folder(cfg, model, tokenizer, run_dir)
-        return cls(await cls.attach(client, weights, model, _CALLS), served_name=served)
+        return await cls.attach(client, weights, model, served_name=served)
+
+    async def server_pause(self) -> None:
+        await self.client.post("/pause", params={"mode": "wait"}, retry=True)
+
+    async def server_resume(self) -> None:
+        await self.client.post("/resume", retry=True)
+
+    async def server_load_weights(self, path: Path, version: int) -> None:
+        """Reload the weights in place, drop the prefix cache (KV of the old weights), and
+        record the version."""
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        await self.client.post("/collective_rpc", rpc, retry=True)
+        await self.client.post("/reset_prefix_cache", retry=True)
+        await self.client.post("/update_weight_version", {"new_version": str(version)})
+
+    async def server_release_memory(self) -> None:
+        await self.client.post("/sleep", params={"level": 1}, retry=True)
+
+    async def server_reacquire_memory(self) -> None:
+        await self.client.post("/wake_up", retry=True)
+
+    async def server_load_adapter(self, name: str, path: Path) -> None:
+        """Load the adapter folder as model `name`; the base weights stay as they are."""
+        await self.client.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+    async def server_unload_adapter(self, name: str) -> None:
+        await self.client.post("/v1/unload_lora_adapter", {"lora_name": name})
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict:
         body = {
-            "model": self.server.adapter or self.served_name,
+            "model": self.adapter or self.served_name,
             "prompt": list(prompt_ids),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -173,35 +212,6 @@ class VLLMEngine(ServerEngine):
             finish_reason=finish,
             top_logprobs=top,
         )
-
-
-async def _load(client: ServerClient, path: Path, version: int) -> None:
-    """Reload the weights in place, drop the prefix cache (KV of the old weights), and
-    record the version."""
-    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-    await client.post("/collective_rpc", rpc, retry=True)
-    await client.post("/reset_prefix_cache", retry=True)
-    await client.post("/update_weight_version", {"new_version": str(version)})
-
-
-async def _load_adapter(client: ServerClient, name: str, path: Path) -> None:
-    """Load the adapter folder as model `name`; the base weights stay as they are."""
-    await client.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-
-
-async def _unload_adapter(client: ServerClient, name: str) -> None:
-    await client.post("/v1/unload_lora_adapter", {"lora_name": name})
-
-
-_CALLS = ServerCalls(
-    pause=lambda client: client.post("/pause", params={"mode": "wait"}, retry=True),
-    resume=lambda client: client.post("/resume", retry=True),
-    load=_load,
-    release=lambda client: client.post("/sleep", params={"level": 1}, retry=True),
-    reacquire=lambda client: client.post("/wake_up", retry=True),
-    load_adapter=_load_adapter,
-    unload_adapter=_unload_adapter,
-)
 
 
 def _python(cfg: EngineConfig, gpus: int) -> Path:

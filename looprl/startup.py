@@ -1,0 +1,199 @@
+"""The start-up phase: what every command needs, decided once and handed down.
+
+`start(cfg)` resolves, before anything starts, what the rest of a run would otherwise
+work out again in each part:
+
+- the models: the policy (`model.path`: folders, config, tokenizer, context length, a
+  LoRA adapter's base), the distillation teacher, and the judge where this run serves
+  one (`ModelFiles`, models.py);
+- where each part runs and in what precision: the device of the engine and the trainer,
+  and the engine's dtype and weight layout and the trainer's compute dtype
+  (`Precision`), decided from `precision.probe` on that device; a setting this machine
+  cannot run fails here, naming the field;
+- the run directory's paths (`RunPaths`, runs/paths.py).
+
+The `Setup` it returns is what `looprl train`, `sft`, `rollout`, `serve`,
+`debug consistency` and the judge's engine receive, and what the Ray actors are
+started with; nothing below it sees `auto` or resolves a model path again. A command's
+workflow and reward are opened through `Setup.open_workflow(task)`, an async context
+that opens the reward (serving the judge where it needs a local engine), builds the
+workflow on it, and closes both.
+
+Devices: the engine and the trainer run on the CPU in one process; a vLLM/SGLang
+server this run launches runs on the GPUs when there are any (its precision is decided
+for them). Under Ray, an actor given GPUs runs on its GPU (`Setup.on_gpu`, decided in
+the driver from a probe of one of the cluster's GPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from looprl import precision
+from looprl.config import Config, EngineConfig
+from looprl.engines.local.engine import LocalEngine
+from looprl.engines.local.fused import unsupported_reason
+from looprl.models import ModelFiles, resolve_model
+from looprl.precision import EnginePrecision, Precision, Probe, TrainPrecision
+from looprl.rewards import needs_judge_engine
+from looprl.runs.paths import RunPaths
+from looprl.workflows.resolution import OpenedWorkflow, open_workflow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model served on a local engine: its files and the engine precision decided for
+    it (the judge's engine, `looprl serve`)."""
+
+    files: ModelFiles
+    precision: EnginePrecision
+    device: torch.device
+
+    def engine(self, cfg: EngineConfig | None = None) -> LocalEngine:
+        """A local engine on this model (float32 weights loaded on `device`, copied
+        into the decided precision), with `cfg`'s batching limits."""
+        model = self.files.load().to(self.device)
+        return LocalEngine.for_model(
+            model, self.files.tokenizer, cfg or EngineConfig(), self.precision
+        )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What start-up decided for one command (see the module docstring)."""
+
+    cfg: Config
+    model: ModelFiles
+    device: torch.device  # where the engine (local) and the trainer run
+    precision: Precision
+    paths: RunPaths
+    teacher: ModelFiles | None = None
+    judge: LocalModel | None = None
+
+    @asynccontextmanager
+    async def open_workflow(self, task: Any) -> AsyncIterator[OpenedWorkflow]:
+        """The configured reward and workflow for `task`, open while the context is."""
+        async with open_workflow(
+            self.cfg, task, frames_dir=self.paths.frames, judge=self.judge
+        ) as opened:
+            yield opened
+
+    def on_gpu(self, found: Probe) -> Setup:
+        """This setup for parts placed on a GPU (Ray actors given one), decided from
+        `found`, a probe of such a GPU."""
+        decided = Precision(
+            _engine_precision(self.cfg.engine, self.model, found),
+            _train_precision(self.cfg, found),
+        )
+        log.info("On the GPUs (%s): %s", found.capability, decided.line())
+        return replace(self, device=torch.device("cuda", 0), precision=decided)
+
+
+def start(cfg: Config, *, train: bool = True) -> Setup:
+    """Resolve `cfg` for a command: models, device, precision, run paths. `train`: the
+    command trains (a teacher is loaded for train.algorithm=distill). Raises for a model
+    that is not there or a precision this machine cannot run, before anything starts."""
+    model = resolve_model(cfg.model.path)
+    device = _device()
+    engine_device = device
+    if cfg.engine.type != "local" and torch.cuda.is_available():
+        engine_device = torch.device("cuda")  # a vLLM/SGLang server launched here: the GPUs
+    shape = precision.layer_shape(model.config)
+    decided = Precision(
+        _engine_precision(cfg.engine, model, precision.probe(engine_device, *shape)),
+        _train_precision(cfg, precision.probe(device, *shape)),
+    )
+    teacher = None
+    if train and cfg.train.teacher_path:
+        teacher = resolve_model(cfg.train.teacher_path)
+    judge = None
+    if needs_judge_engine(cfg):
+        judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig())
+    setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge)
+    log.info("%s", describe(setup))
+    return setup
+
+
+async def on_ray_gpu(setup: Setup) -> Setup:
+    """`setup` for Ray actors placed on GPUs: decided from a probe of one of the
+    cluster's GPUs, taken by a one-GPU Ray task (the driver may have none)."""
+    import ray
+
+    shape = precision.layer_shape(setup.model.config)
+    task = ray.remote(num_gpus=1, num_cpus=0)(precision.probe)
+    return setup.on_gpu(await task.remote("cuda", *shape))
+
+
+def serve_on_local_engine(spec: str, engine: EngineConfig) -> LocalModel:
+    """The model `spec` resolved, and the device and precision of a local engine serving
+    it under `engine`'s settings (the judge's engine; `looprl serve`)."""
+    files, device = resolve_model(spec), _device()
+    found = precision.probe(device, *precision.layer_shape(files.config))
+    decided = _engine_precision(engine.model_copy(update={"type": "local"}), files, found)
+    log.info("Serving %s on %s: %s", files.name, device, decided.describe())
+    return LocalModel(files, decided, device)
+
+
+def _device() -> torch.device:
+    """Where the local engine and the trainer run: the CPU. (A vLLM/SGLang server runs
+    where it was launched; Ray actors given a GPU run on it: `Setup.on_gpu`.)"""
+    return torch.device("cpu")
+
+
+def describe(setup: Setup) -> str:
+    """The start-up log line: what runs where, in what precision, and why."""
+    cfg, where = setup.cfg, _where(setup.device)
+    engine_where = where
+    if cfg.engine.type != "local":
+        engine_where = "its server's devices" if cfg.engine.url else "the server it launches"
+    return (
+        f"Start-up: model {setup.model.name} ({setup.model.context_length} tokens of "
+        f"context{', LoRA adapter ' + str(setup.model.adapter) if setup.model.adapter else ''})"
+        f"; engine ({cfg.engine.type}) on {engine_where}, trainer on {where}; "
+        f"{setup.precision.line()}; run dir {setup.paths.root}"
+    )
+
+
+def _where(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({precision.cpu().describe()})"
+
+
+def _engine_precision(cfg: EngineConfig, model: ModelFiles, found: Probe) -> EnginePrecision:
+    """The engine's dtype and weight layout; a local engine whose model the fused
+    forward cannot run (engine.impl=hf, or an unsupported architecture) takes plain
+    weights under weight_layout=auto, and refuses packed ones."""
+    decided = precision.engine_precision(cfg, found)
+    if cfg.type != "local":
+        return _warned(decided)
+    hf_forward = "engine.impl=hf" if cfg.impl == "hf" else unsupported_reason(model.config)
+    if hf_forward and cfg.impl == "fused":
+        raise ValueError(f"engine.impl=fused cannot run {model.name}: {hf_forward}")
+    if hf_forward and decided.weight_layout == "packed":
+        if cfg.weight_layout == "packed":
+            raise precision.PrecisionError(
+                "engine.weight_layout=packed applies to the fused forward, and this engine "
+                f"runs the Hugging Face one ({hf_forward}); set engine.weight_layout=auto"
+            )
+        decided = replace(decided, weight_layout="plain", reason=f"{decided.reason}; "
+                          f"plain weights: the Hugging Face forward ({hf_forward})")  # fmt: skip
+    return _warned(decided)
+
+
+def _train_precision(cfg: Config, found: Probe) -> TrainPrecision:
+    return _warned(precision.decide_train(cfg.train.compute_dtype, cfg.model.dtype, found))
+
+
+def _warned(decided):
+    if decided.warning:
+        precision.warn_once(decided.warning)
+    return decided
