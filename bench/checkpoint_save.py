@@ -26,7 +26,7 @@ from looprl.training.trainer import Trainer
 
 
 def trainer_state() -> dict:
-    trainer = Trainer(load_model(default_model_dir()), TrainConfig())
+    trainer = Trainer(load_model(default_model_dir()), TrainConfig(compute_dtype="float32"))
     for p in trainer.params:  # one optimizer step, so the Adam moments exist
         p.grad = torch.zeros_like(p)
     trainer.optimizer.step()

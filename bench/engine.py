@@ -35,10 +35,12 @@ from pathlib import Path
 import httpx
 import torch
 
+from looprl import startup
+from looprl.config import EngineConfig
 from looprl.engines.local.engine import LocalEngine
 from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
-from looprl.models import default_model_dir, load_model, load_tokenizer, model_config
-from looprl.precision import cpu, decide_engine, layer_shape, probe
+from looprl.models import default_model_dir, load_model, load_tokenizer
+from looprl.precision import cpu
 from looprl.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +155,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     tokenizer = load_tokenizer("default")
-    chosen = decide_engine("auto", "auto", probe("cpu", *layer_shape(model_config("default"))))
+    chosen = startup.serve_on_local_engine("default", EngineConfig()).precision  # auto
     args.dtypes = [chosen.dtype if d == "auto" else d for d in args.dtypes]
     peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
     print(f"{cpu().describe()}; auto: {chosen.describe()}")
@@ -169,7 +171,11 @@ async def main() -> None:
         torch.manual_seed(0)
         model = load_model("default", dtype)
         model.generation_config.eos_token_id = None  # exactly new_tokens per row
-        engine = LocalEngine(model, eos_token_ids=[], dtype=dtype)  # weights laid out as auto
+        # the weight layout start-up picks for this dtype (engine.weight_layout=auto)
+        decided = startup.serve_on_local_engine("default", EngineConfig(dtype=dtype)).precision
+        engine = LocalEngine(
+            model, eos_token_ids=[], dtype=dtype, weight_layout=decided.weight_layout
+        )
         for name in args.workloads:
             prompts, new_tokens = workload(tokenizer, name)
             flops[name] = flops_per_run(model, prompts, new_tokens)

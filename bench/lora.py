@@ -42,10 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.train_step import default_job_batch  # noqa: E402
-from looprl.config import EngineConfig, LoraConfig, TrainConfig, load_config  # noqa: E402
+from looprl import startup  # noqa: E402
+from looprl.config import LoraConfig, load_config  # noqa: E402
 from looprl.engines.local.engine import LocalEngine  # noqa: E402
 from looprl.models import load_model, load_tokenizer  # noqa: E402
 from looprl.precision import cpu  # noqa: E402
+from looprl.scheduling.parts import build_trainer  # noqa: E402
 from looprl.scheduling.single_process import LocalTrainer  # noqa: E402
 from looprl.training.trainer import Trainer  # noqa: E402
 from looprl.types import SamplingParams  # noqa: E402
@@ -110,16 +112,21 @@ async def one(rank: int, checkpointing: bool = False) -> dict:
     tokenizer = load_tokenizer("default")
     batch = default_job_batch(tokenizer)
     before = rss_bytes()  # the process without a model: what the trainer adds is the rest
+    overrides = [f"train.activation_checkpointing={checkpointing}"]
+    if rank:
+        overrides.append(f"model.lora.rank={rank}")
+    setup = startup.start(load_config(None, overrides))  # precision decided as a run would
     with PeakRss() as memory:
-        cfg = TrainConfig(activation_checkpointing=checkpointing)
-        trainer = Trainer(load_model("default"), cfg, lora=LoraConfig(rank=rank))
+        trainer = build_trainer(setup, setup.model.load())
         trainer.train_step(batch)  # warm-up
         times = []
         for _ in range(3):
             start = time.perf_counter()
             trainer.train_step(batch)
             times.append(time.perf_counter() - start)
-    engine = LocalEngine.for_model(load_model("default"), tokenizer, EngineConfig())
+    engine = LocalEngine.for_model(
+        load_model("default"), tokenizer, setup.cfg.engine, setup.precision.engine
+    )
     syncs = await sync_times(trainer, engine, 5)
     prompts = [
         tokenizer.apply_chat_template(
@@ -149,7 +156,6 @@ async def vllm_sync(ranks: list[int]) -> dict[int, float]:
     from looprl.engines.launch import start_engine
 
     out = {}
-    tokenizer = load_tokenizer("default")
     with tempfile.TemporaryDirectory() as root:
         cfg = load_config(
             None,
@@ -162,10 +168,16 @@ async def vllm_sync(ranks: list[int]) -> dict[int, float]:
                 f"run.fileroot={root}",
             ],
         )
-        engine = await start_engine(cfg, load_model("default"), tokenizer, cfg.run_dir)
+        setup = startup.start(cfg)
+        engine = await start_engine(setup, load_model("default"), setup.paths)
         try:
             for rank in [0, *ranks]:
-                trainer = Trainer(load_model("default"), TrainConfig(), lora=LoraConfig(rank=rank))
+                trainer = Trainer(
+                    load_model("default"),
+                    setup.cfg.train,
+                    lora=LoraConfig(rank=rank),
+                    precision=setup.precision.train,
+                )
                 out[rank] = statistics.median(await sync_times(trainer, engine, 3))
         finally:
             await engine.stop()

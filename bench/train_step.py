@@ -25,7 +25,8 @@ from contextlib import contextmanager
 
 import torch
 
-from looprl.config import TrainConfig
+from looprl import startup
+from looprl.config import TrainConfig, load_config
 from looprl.models import load_model, load_tokenizer
 from looprl.precision import cpu
 from looprl.training import shared_prefix
@@ -91,7 +92,8 @@ def main() -> None:
     tokenizer, model = load_tokenizer("default"), load_model("default")
     batch = default_job_batch(tokenizer)
     cfg = TrainConfig()
-    ours = Trainer(copy.deepcopy(model), cfg)
+    decided = startup.start(load_config(None, [])).precision.train  # train.compute_dtype=auto
+    ours = Trainer(copy.deepcopy(model), cfg, precision=decided)
     print(f"{cpu().describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(ours.precision.describe())
     print(
@@ -100,7 +102,7 @@ def main() -> None:
         f"{int((batch.advantages == 0).sum())} rows with zero advantage"
     )
     with every_token():
-        baseline = Trainer(copy.deepcopy(model), cfg)
+        baseline = Trainer(copy.deepcopy(model), cfg, precision=decided)
         baseline_s = best_step_s(baseline, batch, args.repeats)
     ours_s = best_step_s(ours, batch, args.repeats)
     print("| trainer | train_step | tokens/s (all batch tokens) | speed-up |")

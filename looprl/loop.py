@@ -86,7 +86,6 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         setup.open_workflow(task) as opened,
         start_parts(setup, opened.workflow) as parts,
     ):
-        reward = opened.reward
         controller, engine, tokenizer = parts.controller, parts.engine, parts.tokenizer
         trainer = parts.trainer
         with (
@@ -116,7 +115,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 rollout = await controller.prepare_batch(rows, first_position=rows.position)
                 # Before the update lets the next batch's rollouts start: this batch's
                 # reward counters, and those of an evaluation run since the last step.
-                reward_stats = reward.take_stats()
+                reward_stats = opened.reward_stats()
                 watchdog.beat()
                 batch, batch_stats = build_batch(
                     rollout.trajectories,

@@ -12,6 +12,7 @@ the model.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -143,13 +144,22 @@ class ModelFiles:
     """A model as start-up resolved it, once: `spec` as configured (model.path), the
     Hugging Face `folder` its weights load from (for a LoRA adapter folder, the base
     model its adapter_config.json names), the `adapter` folder or None, the base's
-    `config` and the `tokenizer` (its pad token set)."""
+    `config`, and the `tokenizer` (its pad token set)."""
 
     spec: str
     folder: Path
     adapter: Path | None
     config: PretrainedConfig
-    tokenizer: PreTrainedTokenizerBase
+
+    @functools.cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer, read on first use (start-up reads it, so that a folder without
+        one fails there): the adapter folder's where it has one, else the base's."""
+        folder = self.adapter if self.adapter is not None else self.folder
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
 
     @property
     def name(self) -> str:
@@ -181,11 +191,7 @@ def resolve_model(path: str | Path) -> ModelFiles:
     adapter = None
     if adapters.is_adapter_folder(folder):
         adapter, folder = folder, _base_of_adapter(folder)
-    tokenizer = AutoTokenizer.from_pretrained(adapter or folder)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    config = AutoConfig.from_pretrained(folder)
-    return ModelFiles(str(path), folder, adapter, config, tokenizer)
+    return ModelFiles(str(path), folder, adapter, AutoConfig.from_pretrained(folder))
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -43,7 +43,7 @@ from looprl.models import ModelFiles, resolve_model
 from looprl.precision import EnginePrecision, Precision, Probe, TrainPrecision
 from looprl.rewards import needs_judge_engine
 from looprl.runs.paths import RunPaths
-from looprl.workflows.resolution import OpenedWorkflow, open_workflow
+from looprl.workflows.resolution import OpenedWorkflow, open_workflow, uses_configured_reward
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     command trains (a teacher is loaded for train.algorithm=distill). Raises for a model
     that is not there or a precision this machine cannot run, before anything starts."""
     model = resolve_model(cfg.model.path)
+    model.tokenizer  # noqa: B018 (read now: a folder without one fails at start-up)
     device = _device()
     engine_device = device
     if cfg.engine.type != "local" and torch.cuda.is_available():
@@ -115,7 +116,7 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     if train and cfg.train.teacher_path:
         teacher = resolve_model(cfg.train.teacher_path)
     judge = None
-    if needs_judge_engine(cfg):
+    if needs_judge_engine(cfg) and uses_configured_reward(cfg):
         judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig())
     setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge)
     log.info("%s", describe(setup))
@@ -136,6 +137,7 @@ def serve_on_local_engine(spec: str, engine: EngineConfig) -> LocalModel:
     """The model `spec` resolved, and the device and precision of a local engine serving
     it under `engine`'s settings (the judge's engine; `looprl serve`)."""
     files, device = resolve_model(spec), _device()
+    files.tokenizer  # noqa: B018 (read now: a folder without one fails here)
     found = precision.probe(device, *precision.layer_shape(files.config))
     decided = _engine_precision(engine.model_copy(update={"type": "local"}), files, found)
     log.info("Serving %s on %s: %s", files.name, device, decided.describe())

@@ -54,7 +54,7 @@ def returns_to_go(rewards: list[float], discount: float) -> list[float]:
 
 
 class EnvWorkflow:
-    """Plays episodes of `name` (see EnvConfig in looprl/config.py for every field); a
+    """Plays episodes of `name` (see EnvConfig in looprl/config/task.py for every field); a
     dataset row is `{"seed": N}` (task.name=env), with optional reset `options`.
     `frames_dir` is where env.frames_every saves frames (the run's, which
     configured_workflow passes)."""

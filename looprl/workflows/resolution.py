@@ -10,6 +10,7 @@ EnvWorkflow's worker processes stop), then the reward.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,19 +30,39 @@ RLVR_WORKFLOW = "looprl.workflows:RLVRWorkflow"
 
 @dataclass(frozen=True)
 class OpenedWorkflow:
-    """A command's workflow and the reward it was built on, both open."""
+    """A command's workflow and, for the built-in RLVR workflow, the reward it was built
+    on (None for a workflow that scores its rollouts itself), both open."""
 
     workflow: Workflow
-    reward: Reward
+    reward: Reward | None
+
+    def reward_stats(self) -> dict[str, int]:
+        """The reward's counters since the last call (none without a reward)."""
+        return {} if self.reward is None else self.reward.take_stats()
+
+
+def uses_configured_reward(cfg: Config) -> bool:
+    """Whether the configured workflow is scored by `reward.*`: the built-in RLVR
+    workflow without a reward_fn of its own in workflow.kwargs."""
+    workflow = cfg.workflow
+    return (
+        workflow.mode == "python"
+        and workflow.path == RLVR_WORKFLOW
+        and "reward_fn" not in workflow.kwargs
+    )
 
 
 @asynccontextmanager
 async def open_workflow(
     cfg: Config, task: Any, *, frames_dir: Path, judge: LocalModel | None = None
 ) -> AsyncIterator[OpenedWorkflow]:
-    """The configured reward (with `judge` served where it needs a local engine) and the
-    configured workflow on it; closes the workflow, then the reward, on exit."""
-    async with open_reward(cfg, task, judge) as reward:
+    """The configured workflow, on the configured reward where it `uses_configured_reward`
+    (with `judge` served where that needs a local engine); closes the workflow, then the
+    reward, on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        reward = None
+        if uses_configured_reward(cfg):
+            reward = await stack.enter_async_context(open_reward(cfg, task, judge))
         workflow = configured_workflow(cfg, task, reward, frames_dir=frames_dir)
         try:
             yield OpenedWorkflow(workflow, reward)

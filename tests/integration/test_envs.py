@@ -23,6 +23,7 @@ import time
 import pytest
 
 from looprl import startup
+from looprl.commands.collect import collect
 from looprl.config import load_config
 from looprl.envs.base import EnvCrashed, EnvFailed, EnvTimedOut
 from looprl.envs.workers import EnvWorkers
@@ -363,3 +364,26 @@ async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
     assert [r["rollouts"] for r in evals] == [3, 3]
     assert summary.accuracy_before == evals[0]["accuracy"]
     assert multiprocessing.active_children() == []  # the env workers stopped with the run
+
+
+async def test_looprl_rollout_plays_an_env_and_closes_its_workers(tiny_model_dir, tmp_path):
+    """`looprl rollout env.name=...`: the command opens the EnvWorkflow through start-up,
+    plays the episodes, and closes the env's worker processes when it ends."""
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "env.name=tests.support.envs:CountEnv",
+            "env.workers=2",
+            f"run.fileroot={tmp_path}",
+            "engine.dtype=float32",
+            "rollout.group_size=1",
+            "sampling.max_new_tokens=4",
+        ],
+    )
+    out = tmp_path / "rollouts.jsonl"
+    before = set(multiprocessing.active_children())
+    result = await collect(cfg, rows=2, split="train", out=out)
+    assert result.stats()["completed"] == 2
+    assert len(out.read_text().splitlines()) >= 2  # the episodes' samples
+    assert set(multiprocessing.active_children()) <= before  # the env workers stopped

@@ -11,7 +11,9 @@ import re
 
 import pytest
 
-from looprl.config import JudgeConfig, load_config
+from looprl import startup
+from looprl.commands.collect import collect
+from looprl.config import EngineConfig, JudgeConfig, load_config
 from looprl.loop import train
 from looprl.rewards import build_reward
 from looprl.rewards.judge import JudgeReward, parse_group_scores, parse_score
@@ -178,7 +180,8 @@ async def test_a_second_local_engine_judges(tiny_model_dir):
     """The default: looprl serves reward.judge.model itself. The tiny random model's
     replies are noise, so this is the failure path on a real engine: one call, its reply
     read as a score or counted as a failure with the fallback, never an error."""
-    async with serve_judge(str(tiny_model_dir)) as (url, key):
+    judge = startup.serve_on_local_engine(str(tiny_model_dir), EngineConfig())
+    async with serve_judge(judge) as (url, key):
         cfg = JudgeConfig(retries=0, max_tokens=8, fallback_reward=0.5)
         reward = JudgeReward(cfg, base_url=url, api_key=key, model="judge", answer_field="answer")
         value = await score_one(reward, "It is 4.")
@@ -227,3 +230,33 @@ async def test_judge_reward_trains(tiny_model_dir, tmp_path):
     assert [r["reward_judge_calls"] for r in steps] == [2 + 2, 2]
     assert all(r["completed"] == 4 and r["rejected"] == 0 for r in steps)
     assert sum(r["reward_judge_failures"] for r in steps) >= 1
+
+
+async def test_looprl_rollout_serves_a_local_judge_and_stops_it(tiny_model_dir, tmp_path):
+    """`looprl rollout reward.type=judge` (no base_url): start-up resolves the judge, the
+    command opens the reward with its engine, scores every rollout, and stops it."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{k} + 1?", "answer": str(k + 1)}) + "\n"
+                            for k in range(2)))  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "task.name=jsonl",
+            f"task.train_path={data}",
+            "reward.type=judge",
+            f"reward.judge.model={tiny_model_dir}",
+            "reward.judge.retries=0",
+            "reward.judge.max_tokens=8",
+            "reward.judge.fallback_reward=0.25",
+            f"run.fileroot={tmp_path}",
+            "engine.dtype=float32",
+            "rollout.group_size=2",
+            "sampling.max_new_tokens=8",
+        ],
+    )
+    out = tmp_path / "rollouts.jsonl"
+    result = await collect(cfg, rows=2, split="train", out=out)
+    assert result.stats()["completed"] == 4 and result.stats()["rejected"] == 0
+    rewards = [json.loads(line)["reward"] for line in out.open()]
+    assert len(rewards) == 4 and all(0.0 <= r <= 1.0 for r in rewards)
