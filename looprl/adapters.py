@@ -7,7 +7,9 @@ adapter_config.json + adapter_model.safetensors, tensors named
 vLLM's LoRA loading read. A `LoraAdapter` (types.py) names tensors by module, without
 peft's prefix. Does not own training adapters (training/lora.py wraps the trainer's
 model with peft) nor applying them while sampling (each engine does: the local engine
-as a low-rank term in its forward, vLLM by loading the folder by name).
+by merging it into its fused weights, rebuilt from an untouched base copy at each
+version, or as a low-rank term in the Hugging Face forward; vLLM by loading the folder by
+name).
 """
 
 from __future__ import annotations

@@ -107,11 +107,7 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     engine_device = device
     if cfg.engine.type != "local" and torch.cuda.is_available():
         engine_device = torch.device("cuda")  # a vLLM/SGLang server launched here: the GPUs
-    shape = precision.layer_shape(model.config)
-    decided = Precision(
-        _engine_precision(cfg.engine, model, precision.probe(engine_device, *shape)),
-        _train_precision(cfg, precision.probe(device, *shape)),
-    )
+    decided = choose(cfg, model, engine_device, device)
     teacher = None
     if train and cfg.train.teacher_path:
         teacher = resolve_model(cfg.train.teacher_path)
@@ -121,6 +117,20 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge)
     log.info("%s", describe(setup))
     return setup
+
+
+def choose(
+    cfg: Config, model: ModelFiles, engine_device: torch.device, train_device: torch.device
+) -> Precision:
+    """The precision of each part, the one place it is chosen: the engine's (dtype,
+    weight layout) for `engine_device` and the trainer's (compute dtype) for
+    `train_device`, each from `precision.probe` of that device at the model's layer
+    shape. Raises PrecisionError for a setting that cannot run there."""
+    shape = precision.layer_shape(model.config)
+    return Precision(
+        _engine_precision(cfg.engine, model, precision.probe(engine_device, *shape)),
+        _train_precision(cfg, precision.probe(train_device, *shape)),
+    )
 
 
 async def on_ray_gpu(setup: Setup) -> Setup:
@@ -153,14 +163,15 @@ def _device() -> torch.device:
 def describe(setup: Setup) -> str:
     """The start-up log line: what runs where, in what precision, and why."""
     cfg, where = setup.cfg, _where(setup.device)
-    engine_where = where
-    if cfg.engine.type != "local":
-        engine_where = "its server's devices" if cfg.engine.url else "the server it launches"
+    adapter = f", LoRA adapter {setup.model.adapter}" if setup.model.adapter else ""
+    if cfg.engine.type == "local":
+        parts = f"engine (local) and trainer on {where}"
+    else:
+        server = "its server's devices" if cfg.engine.url else "the server it launches"
+        parts = f"engine ({cfg.engine.type}) on {server}, trainer on {where}"
     return (
         f"Start-up: model {setup.model.name} ({setup.model.context_length} tokens of "
-        f"context{', LoRA adapter ' + str(setup.model.adapter) if setup.model.adapter else ''})"
-        f"; engine ({cfg.engine.type}) on {engine_where}, trainer on {where}; "
-        f"{setup.precision.line()}; run dir {setup.paths.root}"
+        f"context{adapter}); {parts}; {setup.precision.line()}; run dir {setup.paths.root}"
     )
 
 

@@ -241,7 +241,9 @@ class RolloutController:
         return list(outcomes)
 
     def _workflow_for(self, workflow: Any, workflow_kwargs: dict[str, Any] | None) -> Workflow:
-        """The controller's workflow, or another one for this call (as `workflow.name`)."""
+        """The controller's workflow, or another one for this call (anything
+        `resolve_workflow` takes: an instance, a class built with `workflow_kwargs`, an
+        async function or "module:Name")."""
         if workflow is None:
             if workflow_kwargs:
                 raise ValueError("workflow_kwargs were given without a workflow to build")
@@ -483,12 +485,8 @@ class RolloutController:
             f"Rollout admission has blocked {who} for {blocked_s:.1f} s: it waits for "
             f"{needed} more group(s) and {len(self._in_flight)} are running; a group of "
             f"{job.group_size} rollouts waits to start ({len(self._jobs)} more queued).",
-            "A group starts when min(max_concurrent_rollouts - running, "
-            "(max_head_offpolicyness + version + 1) * batch_size - (accepted + running)) >= "
-            f"group size; here min({s.max_concurrent_rollouts} - {s.running}, "
-            f"({s.max_head_offpolicyness} + {version} + 1) * {s.batch_size} - "
-            f"({s.accepted} + {s.running})) = min({concurrency}, {staleness}) = "
-            f"{min(concurrency, staleness)} < {job.group_size} (batch_size counts rollouts: "
+            "A group starts when the admission capacity reaches its size; here "
+            f"{s.formula(version)} < {job.group_size} (batch_size counts rollouts: "
             f"rollout.batch_size={cfg.batch_size} x group_size={cfg.group_size}).",
         ]
         if staleness < job.group_size:
@@ -499,10 +497,10 @@ class RolloutController:
                 "rollouts run further ahead of the trainer, or make sure each new version "
                 "reaches the engine and the controller (controller.notify_version())."
             )
-            if asked > (s.max_head_offpolicyness + 1) * cfg.batch_size:
+            if asked > s.ahead_limit() // cfg.group_size:
                 lines.append(
                     f"{who} asked for {asked} groups, more than (max_head_offpolicyness + 1) "
-                    f"x rollout.batch_size = {(s.max_head_offpolicyness + 1) * cfg.batch_size} "
+                    f"x rollout.batch_size = {s.ahead_limit() // cfg.group_size} "
                     "can start before the version advances: ask for at most "
                     f"rollout.batch_size={cfg.batch_size}, or raise rollout.batch_size."
                 )

@@ -59,6 +59,23 @@ class StalenessManager:
             f"{self.max_head_offpolicyness}: capacity={self.capacity(version)}"
         )
 
+    def formula(self, version: int) -> str:
+        """The admission formula written out with this moment's numbers, ending in the
+        capacity: 'min(max_concurrent_rollouts - running, ...) = min(8 - 2, ...) = 6'."""
+        concurrency, staleness = self.terms(version)
+        return (
+            "min(max_concurrent_rollouts - running, (max_head_offpolicyness + version + 1) "
+            f"* batch_size - (accepted + running)) = min({self.max_concurrent_rollouts} - "
+            f"{self.running}, ({self.max_head_offpolicyness} + {version} + 1) * "
+            f"{self.batch_size} - ({self.accepted} + {self.running})) = min({concurrency}, "
+            f"{staleness}) = {min(concurrency, staleness)}"
+        )
+
+    def ahead_limit(self) -> int:
+        """The most rollouts that can start before the version advances:
+        (max_head_offpolicyness + 1) * batch_size."""
+        return (self.max_head_offpolicyness + 1) * self.batch_size
+
     def is_fresh(self, oldest_version: int, version: int) -> bool:
         """Whether a group whose oldest sampled token is from `oldest_version` may still be
         trained on at `version`."""

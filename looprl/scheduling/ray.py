@@ -359,7 +359,10 @@ async def _start_engines(setup: Setup, plan: Plan, group: RankGroup) -> list[Ray
             "the trainer rank's (set engine.gpu_memory_fraction to change it)",
             COLLOCATED_MEMORY_FRACTION,
         )
-    if collocated_gpus and engine_cfg.type != "local":
+    # A server collocated with a trainer rank on its GPUs frees them while the rank steps
+    # (EngineReplica.pause); a local engine keeps its memory.
+    release_memory = collocated_gpus and engine_cfg.type != "local"
+    if release_memory:
         # The server frees its weights and KV cache while the trainer steps (see
         # EngineReplica.pause); it must be started able to.
         flag = "--enable-sleep-mode" if engine_cfg.type == "vllm" else "--enable-memory-saver"
@@ -372,7 +375,7 @@ async def _start_engines(setup: Setup, plan: Plan, group: RankGroup) -> list[Ray
         return (
             ray.remote(EngineReplica)
             .options(num_cpus=0, max_concurrency=1000, **bundle.ray_options())
-            .remote(setup, index, _threads(plan, plan.engines, bundle), collocated_gpus)
+            .remote(setup, index, _threads(plan, plan.engines, bundle), release_memory)
         )
 
     actors = [new_actor(index) for index in range(len(plan.engines))]

@@ -56,8 +56,7 @@ class EngineReplica:
         model = setup.model.load().to(setup.device)  # the engine keeps its own copy
         paths = setup.paths.replica(self.index)
         self.engine = await start_engine(setup, model, paths)
-        if self.release_memory:  # only server engines are collocated to release (see below)
-            assert isinstance(self.engine, ServerEngine), type(self.engine)
+        if self.release_memory:  # the driver asks it of vLLM / SGLang servers only
             self.server = self.engine
         register(setup.paths.root, f"engine-{self.index}", role="engine", rank=None)
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
