@@ -29,6 +29,7 @@ from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.rollout.controller import RolloutController
 from looprl.runs import checkpoint as checkpoint_io
 from looprl.runs.metrics import Metrics
+from looprl.runs.paths import RunPaths
 from looprl.runs.trajectories import TrajectoryWriter
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import Parts, TrainerHandle, trainer_sampling
@@ -63,10 +64,10 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     start = time.monotonic()
     check_installed(cfg)  # a tracker's missing package fails before anything starts
     setup = startup.start(cfg)  # so does a model that is not there, or a precision
-    run_dir = setup.paths.root
-    checkpoint = resume_point(cfg)  # before anything is written into the run dir
-    cfg.save(run_dir)
-    forget_processes(run_dir)  # those of an earlier run here would read as exited
+    paths = setup.paths
+    checkpoint = resume_point(cfg, paths)  # before anything is written into the run dir
+    cfg.save(paths)
+    forget_processes(paths)  # those of an earlier run here would read as exited
     torch.manual_seed(cfg.run.seed)
     task = load_task(cfg.task)
     log.info(
@@ -77,7 +78,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         cfg.rollout.group_size,
         cfg.train.algorithm,
         cfg.task.name,
-        run_dir,
+        paths.root,
     )
     log.info("%s", describe_loss(cfg))
     rows = DataStream(task.train, cfg.run.seed)
@@ -90,15 +91,15 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
         trainer = parts.trainer
         with (
             Metrics(
-                run_dir,
+                paths,
                 cfg.train.total_steps,
                 show_progress=show_progress,
                 resume=checkpoint is not None,
-                trackers=start_trackers(cfg, run_dir, first_step=first_step),
+                trackers=start_trackers(cfg, paths, first_step=first_step),
                 samples_per_step=cfg.metrics.samples_per_step,
             ) as metrics,
             GracefulStop() as stop,
-            HangWatchdog(run_dir, "driver", cfg.diagnostics) as watchdog,
+            HangWatchdog(paths, "driver", cfg.diagnostics) as watchdog,
         ):
             if checkpoint is None:
                 metrics.status("evaluating the initial policy")
@@ -107,8 +108,8 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 await trainer.load_state_dict(checkpoint.trainer)
                 await trainer.push_weights()
                 before = restore(checkpoint, controller, rows, metrics)
-            saver = Saver(cfg, trainer, controller, rows, metrics, last_step=first_step - 1)
-            trajectories = TrajectoryWriter(run_dir, cfg.metrics, tokenizer, first_step)
+            saver = Saver(cfg, paths, trainer, controller, rows, metrics, last_step=first_step - 1)
+            trajectories = TrajectoryWriter(paths, cfg.metrics, tokenizer, first_step)
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
@@ -146,7 +147,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 if stop.signal is not None or saver.due(step):
                     await saver.save(step)
                 if stop.signal is not None:
-                    raise Stopped(stop.signal, step, run_dir)
+                    raise Stopped(stop.signal, step, paths)
                 if (
                     cfg.eval.every_steps
                     and step % cfg.eval.every_steps == 0
@@ -163,7 +164,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             model_dir = await trainer.save_model(tokenizer, setup.paths.model)
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
     return TrainSummary(
-        before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, run_dir, model_dir
+        before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, paths.root, model_dir
     )
 
 
@@ -187,15 +188,15 @@ def describe_loss(cfg: Config) -> str:
     )
 
 
-def resume_point(cfg: Config) -> checkpoint_io.Checkpoint | None:
+def resume_point(cfg: Config, paths: RunPaths) -> checkpoint_io.Checkpoint | None:
     """The checkpoint to resume from under `recover.mode`, its config checked, or None."""
-    found = None if cfg.recover.mode == "off" else checkpoint_io.load_latest(cfg.run_dir)
+    found = None if cfg.recover.mode == "off" else checkpoint_io.load_latest(paths)
     if found is None:
-        why = checkpoint_io.describe_missing(cfg.run_dir)
+        why = checkpoint_io.describe_missing(paths)
         if cfg.recover.mode == "require":
             raise checkpoint_io.RecoverError(f"recover.mode=require: {why}")
         log.info("Starting a new run: %s", "recover.mode=off" if cfg.recover.mode == "off" else why)
-        checkpoint_io.set_aside(cfg.run_dir)  # old or damaged ones never mix with the new
+        checkpoint_io.set_aside(paths)  # old or damaged ones never mix with the new
         return None
     checkpoint_io.check_config(found, cfg.model_dump(mode="json"), cfg.recover.allow_changes)
     if found.step >= cfg.train.total_steps:
@@ -243,13 +244,14 @@ class Saver:
     def __init__(
         self,
         cfg: Config,
+        paths: RunPaths,
         trainer: TrainerHandle,
         controller,
         rows,
         metrics: Metrics,
         last_step: int,
     ):
-        self.cfg, self.trainer, self.controller = cfg, trainer, controller
+        self.cfg, self.paths, self.trainer, self.controller = cfg, paths, trainer, controller
         self.rows, self.metrics = rows, metrics
         self.last, self.last_step = time.monotonic(), last_step
 
@@ -273,7 +275,7 @@ class Saver:
             "rng": checkpoint_io.rng_state(),
         }
         path = checkpoint_io.save(
-            self.cfg.run_dir,
+            self.paths,
             step,
             await self.trainer.state_dict(),
             state,
@@ -291,11 +293,11 @@ class Saver:
 class Stopped(Exception):
     """Training stopped on a signal after saving a checkpoint."""
 
-    def __init__(self, signum: int, step: int, run_dir: Path):
+    def __init__(self, signum: int, step: int, paths: RunPaths):
         self.signum = signum
         super().__init__(
             f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint is in "
-            f"{run_dir}/checkpoints and the same command resumes from it"
+            f"{paths.checkpoints} and the same command resumes from it"
         )
 
 

@@ -74,7 +74,7 @@ def run_sft(cfg: Config, *, show_progress: bool = True) -> SftSummary:
     sampling = cfg.sampling.model_copy(update={"temperature": 1.0, "top_k": 0, "top_p": 1.0})
     setup = startup.start(cfg.model_copy(update={"train": train_cfg, "sampling": sampling}))
     run_dir = setup.paths.root
-    cfg.save(run_dir)
+    cfg.save(setup.paths)
     torch.manual_seed(cfg.run.seed)
     tokenizer = setup.model.tokenizer
     train_chats = load_chats(cfg.sft.data_path, tokenizer, cfg.sft.max_tokens)
@@ -108,7 +108,7 @@ def run_sft(cfg: Config, *, show_progress: bool = True) -> SftSummary:
     )
     pad = tokenizer.pad_token_id
     order = random.Random(cfg.run.seed)
-    with Metrics(run_dir, total_steps, show_progress=show_progress) as metrics:
+    with Metrics(setup.paths, total_steps, show_progress=show_progress) as metrics:
         before = _evaluate(trainer, held_out, pad, metrics, step=0)
         step = 0
         for _ in range(cfg.sft.epochs):

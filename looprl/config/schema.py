@@ -27,6 +27,7 @@ from looprl.config.run import (
 from looprl.config.task import EnvConfig, TaskConfig
 from looprl.config.train import EvalConfig, SftConfig, TrainConfig
 from looprl.config.workflow import WorkflowConfig
+from looprl.runs.paths import RunPaths
 
 
 class Config(Section):
@@ -69,12 +70,12 @@ class Config(Section):
     def run_dir(self) -> Path:
         return Path(self.run.fileroot) / self.run.experiment_name / self.run.trial_name
 
-    def save(self, run_dir: Path | None = None) -> Path:
-        """Write the resolved config as config.yaml into the run directory."""
-        folder = Path(run_dir) if run_dir else self.run_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "config.yaml"
-        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+    def save(self, paths: RunPaths | None = None) -> Path:
+        """Write the resolved config into the run directory (`paths.config`; by default
+        the paths of `run_dir`)."""
+        path = (paths or RunPaths(self.run_dir)).config
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_yaml())
         return path
 
     def to_yaml(self) -> str:

@@ -7,6 +7,12 @@ from looprl.config import load_config
 from looprl.loop import DataStream, resume_point
 from looprl.runs import atomic
 from looprl.runs import checkpoint as ck
+from looprl.runs.paths import RunPaths
+
+
+def _resume(cfg):
+    """The loop's resume point for `cfg`'s run directory."""
+    return resume_point(cfg, RunPaths(cfg.run_dir))
 
 
 def _save(run_dir, step, cfg, keep_last=3):
@@ -83,7 +89,7 @@ def test_batch_and_group_size_changes_are_refused_with_every_field(tmp_path):
     _save(old.run_dir, 3, old)
     new = _cfg(tmp_path, "rollout.batch_size=4", "rollout.group_size=16")
     with pytest.raises(ck.RecoverError) as refused:
-        resume_point(new)
+        _resume(new)
     message = str(refused.value)
     assert "rollout.batch_size: 8 -> 4" in message
     assert "rollout.group_size: 8 -> 16" in message
@@ -95,7 +101,7 @@ def test_batch_and_group_size_changes_are_refused_with_every_field(tmp_path):
         "rollout.group_size=16",
         "recover.allow_changes=[rollout.batch_size,rollout.group_size]",
     )
-    assert resume_point(forced).step == 3
+    assert _resume(forced).step == 3
 
 
 def test_harmless_changes_are_accepted_and_listed(tmp_path, caplog):
@@ -103,19 +109,19 @@ def test_harmless_changes_are_accepted_and_listed(tmp_path, caplog):
     _save(old.run_dir, 2, old)
     new = _cfg(tmp_path, "train.total_steps=40", "eval.every_steps=10", "run.log_level=DEBUG")
     with caplog.at_level(logging.INFO, logger="looprl.runs.checkpoint"):
-        assert resume_point(new).step == 2
+        assert _resume(new).step == 2
     assert "train.total_steps: 12 -> 40" in caplog.text
     assert "eval.every_steps: 4 -> 10" in caplog.text
 
 
 def test_recover_modes(tmp_path):
     cfg = _cfg(tmp_path, "run.trial_name=t1")
-    assert resume_point(cfg) is None  # auto: nothing yet, a new run
+    assert _resume(cfg) is None  # auto: nothing yet, a new run
     _save(cfg.run_dir, 1, cfg)
     with pytest.raises(ck.RecoverError, match="checkpoints exist under .*t1"):
-        resume_point(_cfg(tmp_path, "run.trial_name=t2", "recover.mode=require"))
+        _resume(_cfg(tmp_path, "run.trial_name=t2", "recover.mode=require"))
     # off: a new run; the old checkpoints are set aside, not mixed with the new ones.
-    assert resume_point(_cfg(tmp_path, "run.trial_name=t1", "recover.mode=off")) is None
+    assert _resume(_cfg(tmp_path, "run.trial_name=t1", "recover.mode=off")) is None
     assert not ck.checkpoints_dir(cfg.run_dir).exists()
     assert len(list(cfg.run_dir.glob("checkpoints.replaced-*/step_000001"))) == 1
 
