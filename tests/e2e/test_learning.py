@@ -1,69 +1,19 @@
 """End to end: the real loop, gateway, engine and trainer make a tiny model learn.
 
-The toy reward is the fraction of sampled tokens with an even id: a random-init model
-starts near 0.5, and only learning (weights moving and reaching the engine) raises it.
+The toy job and its reward (the fraction of sampled tokens with an even id) are in
+tests/support/toy_job.py: a random-init model starts near 0.5, and only learning
+(weights moving and reaching the engine) raises it.
 make test runs the precision and LoRA tests again on a CPU forced to AVX2 (`kernels`);
 the float32 toy jobs would repeat the first there, where `auto` is float32.
 """
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from openai import AsyncOpenAI
 
 from looprl import startup
-from looprl.config import Config, load_config
 from looprl.loop import train
-
-
-class EvenTokenAgent:
-    async def run(self, data, *, base_url, api_key, model, **kw):
-        async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
-            response = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": data["question"]}]
-            )
-        ids = response.choices[0].token_ids  # extra field: the sampled token ids
-        return sum(i % 2 == 0 for i in ids) / len(ids)
-
-
-def toy_job(model_dir, root, *overrides: str) -> Config:
-    """10 steps of 4 x 8 rollouts of 8 tokens, float32, rewarded by EvenTokenAgent."""
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
-            f"run.fileroot={root}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.lr=3e-3",
-            "train.total_steps=10",
-            "rollout.batch_size=4",
-            "rollout.group_size=8",
-            "sampling.max_new_tokens=8",
-            "eval.every_steps=0",
-            "eval.size=4",
-            "eval.max_new_tokens=8",
-            *overrides,
-        ],
-    )
-
-
-def learned_steps(cfg: Config, label: str) -> list[dict]:
-    """The train records of a finished toy job, checked: all 10 steps, each sampled with
-    the weights of the step before (the engine got them), and the reward risen."""
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    steps = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in steps] == list(range(1, 11))
-    assert [r["version"] for r in steps] == list(range(1, 11))
-    first = sum(r["reward_mean"] for r in steps[:3]) / 3
-    last = sum(r["reward_mean"] for r in steps[-3:]) / 3
-    rewards = [round(r["reward_mean"], 3) for r in steps]
-    print(f"toy rewards per step ({label}):", rewards)
-    assert last > first + 0.15, rewards
-    return steps
+from tests.support.toy_job import learned_steps, toy_job
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from looprl.loop import train
 from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray import start_ray_actors
 from looprl.training.batch import build_batch
-from tests.e2e.test_learning import learned_steps, toy_job
+from tests.support.toy_job import learned_steps, toy_job
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
     peaked_model_dir, tmp_path, weight_sync
 ):
-    """The toy reward of tests/e2e/test_learning.py (fraction of even token ids), trained
+    """The toy reward of tests/support/toy_job.py (fraction of even token ids), trained
     by 2 gloo ranks (FSDP2) with 2 engine replicas behind the gateway; new weights reach
     the replicas through Ray's object store, or broadcast in buckets from rank 0 (gloo
     here, the NCCL path on GPUs); with model.lora the ranks gather the adapter only and

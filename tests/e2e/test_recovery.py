@@ -28,35 +28,12 @@ import torch
 from safetensors.torch import load_file
 
 from looprl.runs import checkpoint as checkpoint_io
-from tests.e2e.test_learning import EvenTokenAgent
+from tests.support.tiny_run import tiny_run_overrides
+from tests.support.toy_job import EvenTokenAgent
+from tests.support.train_process import SEEDED_STEPS, seeded_train_command, wait_for_log
 
-STEPS = 8
+STEPS = SEEDED_STEPS
 KILLS = 6  # each attempt costs a process start and a model load: ~7 s of CI time
-
-
-def _command(model_dir: Path, root: Path, trial: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "looprl.cli",
-        "train",
-        f"model.path={model_dir}",
-        "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
-        f"run.fileroot={root}",
-        f"run.trial_name={trial}",
-        "engine.dtype=float32",
-        "train.compute_dtype=float32",
-        "train.lr=3e-3",
-        f"train.total_steps={STEPS}",
-        "rollout.batch_size=2",
-        "rollout.group_size=4",
-        "rollout.seeded=true",
-        "sampling.max_new_tokens=8",
-        "eval.every_steps=0",
-        "eval.size=2",
-        "eval.max_new_tokens=4",
-        "checkpoint.save_every_steps=1",
-    ]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -68,26 +45,14 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in records if r["kind"] == "train"]
 
 
-def _wait_for_log(log_file: Path, offset: int, text: str, proc: subprocess.Popen) -> bool:
-    """Wait until `text` appears in `log_file` after byte `offset`; False if `proc` ended."""
-    deadline = time.monotonic() + 120
-    while True:
-        if log_file.exists():
-            with log_file.open("rb") as f:
-                f.seek(offset)
-                if text.encode() in f.read():
-                    return True
-        if proc.poll() is not None:
-            return False
-        assert time.monotonic() < deadline, f"no {text!r} in {log_file} after 120 s"
-        time.sleep(0.02)
-
-
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
     cwd = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        _command(tiny_model_dir, tmp_path, "whole"), cwd=cwd, capture_output=True, timeout=300
+        seeded_train_command(tiny_model_dir, tmp_path, "whole"),
+        cwd=cwd,
+        capture_output=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     reference = _weights(tmp_path / "default" / "whole")
@@ -103,7 +68,7 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
     while True:
         offset = log_file.stat().st_size if log_file.exists() else 0
         proc = subprocess.Popen(
-            _command(tiny_model_dir, tmp_path, "killed"),
+            seeded_train_command(tiny_model_dir, tmp_path, "killed"),
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -111,7 +76,7 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
         if kills < KILLS:
             ahead = list(range(saved_step + 1, STEPS - 1))
             event = rng.choice(["Training "] + [f"checkpoint for step {k} to" for k in ahead])
-            assert _wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
+            assert wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
             time.sleep(rng.uniform(0.0, 0.6))
             assert proc.poll() is None, "the attempt finished before its kill"
             proc.send_signal(signal.SIGKILL)
@@ -139,10 +104,12 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_sigterm_saves_and_stops_after_the_step(tiny_model_dir, tmp_path):
     cwd = Path(__file__).resolve().parents[2]
-    command = [*_command(tiny_model_dir, tmp_path, "term"), "checkpoint.save_every_steps=0"]
+    command = seeded_train_command(
+        tiny_model_dir, tmp_path, "term", "checkpoint.save_every_steps=0"
+    )
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log_file = tmp_path / "default" / "term" / "train.log"
-    assert _wait_for_log(log_file, 0, "Saved recover checkpoint for step 2", proc)
+    assert wait_for_log(log_file, 0, "Saved recover checkpoint for step 2", proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, out.decode()[-2000:]
@@ -186,29 +153,28 @@ class InFlightAgent(EvenTokenAgent):
 
 
 def _async_command(model_dir: Path, root: Path, trial: str) -> list[str]:
-    """The toy job of tests/e2e/test_learning.py (4 x 8 rollouts of 8 tokens, learned in
+    """The toy job of tests/support/toy_job.py (4 x 8 rollouts of 8 tokens, learned in
     a few steps) with rollouts up to MAX_HEAD_OFFPOLICYNESS versions ahead."""
     return [
         sys.executable,
         "-m",
         "looprl.cli",
         "train",
-        f"model.path={model_dir}",
-        "workflow.path=tests.e2e.test_recovery:InFlightAgent",
-        f"run.fileroot={root}",
-        f"run.trial_name={trial}",
-        "engine.dtype=float32",
-        "train.compute_dtype=float32",
-        "train.lr=3e-3",
-        f"train.total_steps={ASYNC_STEPS}",
-        f"rollout.batch_size={ROWS_PER_STEP}",
-        "rollout.group_size=8",
-        f"rollout.max_head_offpolicyness={MAX_HEAD_OFFPOLICYNESS}",
-        "sampling.max_new_tokens=8",
-        "eval.every_steps=0",
-        "eval.size=32",
-        "eval.max_new_tokens=8",
-        "checkpoint.save_every_steps=1",
+        *tiny_run_overrides(
+            model_dir,
+            root,
+            "workflow.path=tests.e2e.test_recovery:InFlightAgent",
+            f"run.trial_name={trial}",
+            "train.lr=3e-3",
+            f"train.total_steps={ASYNC_STEPS}",
+            f"rollout.batch_size={ROWS_PER_STEP}",
+            "rollout.group_size=8",
+            f"rollout.max_head_offpolicyness={MAX_HEAD_OFFPOLICYNESS}",
+            "sampling.max_new_tokens=8",
+            "eval.size=32",
+            "eval.max_new_tokens=8",
+            "checkpoint.save_every_steps=1",
+        ),
     ]
 
 
@@ -277,7 +243,7 @@ def test_async_run_sigkilled_with_rollouts_in_flight_resumes_within_bounds(
                 if k < ASYNC_STEPS - 2
             ]
             event = rng.choice(events)
-            assert _wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
+            assert wait_for_log(log_file, offset, event, proc), f"ended before {event!r}"
             time.sleep(rng.uniform(0.0, 0.6))
             assert proc.poll() is None, "the attempt finished before its kill"
             proc.send_signal(signal.SIGKILL)

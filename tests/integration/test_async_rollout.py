@@ -18,7 +18,14 @@ import pytest
 from looprl import startup
 from looprl.models import load_model
 from looprl.scheduling.single_process import start_single_process
-from tests.integration.test_rollout import QUESTION, Counting, _client, _config, _groups, _rows
+from tests.support.rollouts import (
+    QUESTION,
+    Counting,
+    groups_of,
+    openai_client,
+    repeat_row,
+    rollout_config,
+)
 
 
 class SampleThenThink:
@@ -32,7 +39,7 @@ class SampleThenThink:
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
-            async with _client(base_url, api_key) as client:
+            async with openai_client(base_url, api_key) as client:
                 await client.chat.completions.create(model=model, messages=QUESTION, max_tokens=3)
             await asyncio.sleep(data["think_s"])
             return 1.0
@@ -49,7 +56,7 @@ async def _train_step(parts, weights) -> None:
 
 
 async def test_slow_and_fast_workflows_never_train_on_stale_data(tiny_model_dir):
-    cfg = _config(
+    cfg = rollout_config(
         tiny_model_dir,
         "rollout.group_size=2",
         "rollout.batch_size=2",
@@ -63,7 +70,7 @@ async def test_slow_and_fast_workflows_never_train_on_stale_data(tiny_model_dir)
     async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
         for _ in range(6):
             result = await parts.controller.prepare_batch(rows)
-            assert len(_groups(result)) == 2
+            assert len(groups_of(result)) == 2
             version = parts.engine.version  # the version this batch is trained at
             staleness += [version - t.oldest_version() for t in result.trajectories]
             dropped += result.stats()["dropped_stale_groups"]
@@ -85,8 +92,8 @@ def _blocked_warnings(caplog) -> list[str]:
 
 async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
     """The classic trap: asking for the next batch before the version advanced."""
-    cfg = _config(tiny_model_dir, *BLOCKS_FAST)
-    rows = _rows(q=1)
+    cfg = rollout_config(tiny_model_dir, *BLOCKS_FAST)
+    rows = repeat_row(q=1)
     async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         await controller.prepare_batch(rows)
@@ -109,8 +116,8 @@ async def test_blocked_admission_is_explained_once(tiny_model_dir, caplog):
 async def test_a_batch_too_big_for_one_version_is_explained_and_loses_nothing(
     tiny_model_dir, caplog
 ):
-    cfg = _config(tiny_model_dir, *BLOCKS_FAST)
-    rows = _rows(q=1)
+    cfg = rollout_config(tiny_model_dir, *BLOCKS_FAST)
+    rows = repeat_row(q=1)
     async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         # Synchronous RL admits 2 groups per version: a batch of 3 can never fill.
@@ -121,7 +128,7 @@ async def test_a_batch_too_big_for_one_version_is_explained_and_loses_nothing(
             await asyncio.wait_for(controller.prepare_batch(rows, batch_size=3), 3.0)
         # The two groups that did finish were not lost with the cancelled call.
         batch = await asyncio.wait_for(controller.prepare_batch(rows), 1.0)
-        assert len(_groups(batch)) == 2
+        assert len(groups_of(batch)) == 2
     (message,) = _blocked_warnings(caplog)
     assert "prepare_batch asked for 3 groups" in message
     assert "ask for at most rollout.batch_size=2" in message
@@ -134,7 +141,7 @@ class HalfEqual:
         self.seen: dict[int, int] = {}
 
     async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             await client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
         if data["id"] % 2 == 0:
             return 1.0
@@ -148,7 +155,7 @@ def _numbered_rows() -> Iterator[dict]:
 
 @pytest.mark.parametrize("filtering", [True, False])
 async def test_dynamic_filtering_keeps_sampling_until_the_batch_is_full(tiny_model_dir, filtering):
-    cfg = _config(
+    cfg = rollout_config(
         tiny_model_dir,
         "rollout.group_size=2",
         "rollout.batch_size=2",
@@ -178,14 +185,14 @@ class AddsBonus:
         self.bonus, self.think_s = bonus, think_s
 
     async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             await client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
         await asyncio.sleep(self.think_s)
         return data["reward"] + self.bonus
 
 
 async def test_submit_wait_and_rollout_batch_take_another_workflow(tiny_model_dir):
-    cfg = _config(tiny_model_dir, "rollout.group_size=2")
+    cfg = rollout_config(tiny_model_dir, "rollout.group_size=2")
     async with start_single_process(startup.start(cfg, train=False), Counting()) as parts:
         controller = parts.controller
         with pytest.raises(RuntimeError, match="nothing is submitted or running"):

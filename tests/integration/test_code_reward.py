@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from looprl.config import CodeRewardConfig, load_config
-from looprl.loop import train
+from looprl.config import CodeRewardConfig
 from looprl.rewards.code import CodeReward, extract_program
 from looprl.rewards.sandbox import Sandbox, namespaces_available
+from tests.support.tiny_run import train_two_steps
 
 NO_NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(
@@ -190,7 +190,7 @@ async def test_a_broken_sandbox_rejects_and_counts(monkeypatch):
     assert reward.take_stats()["reward_code_sandbox_errors"] == 1
 
 
-async def test_code_reward_trains(tiny_model_dir, tmp_path):
+async def test_code_reward_trains(tiny_run, tmp_path):
     """`looprl train reward.type=code` on a JSONL file: two steps, the counters per step."""
     data = tmp_path / "code.jsonl"
     rows = [
@@ -202,33 +202,17 @@ async def test_code_reward_trains(tiny_model_dir, tmp_path):
         for k in range(4)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "task.name=jsonl",
-            f"task.train_path={data}",
-            f"task.eval_path={data}",
-            "reward.type=code",
-            "reward.code.timeout_s=5",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=8",
-            "eval.every_steps=0",
-            "eval.size=2",
-            "eval.max_new_tokens=8",
-        ],
+    cfg = tiny_run(
+        "task.name=jsonl",
+        f"task.train_path={data}",
+        f"task.eval_path={data}",
+        "reward.type=code",
+        "reward.code.timeout_s=5",
+        "sampling.max_new_tokens=8",
+        "eval.size=2",
+        "eval.max_new_tokens=8",
     )
-    start = time.monotonic()
-    await train(cfg, show_progress=False)
-    assert time.monotonic() - start < 60
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    steps = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in steps] == [1, 2]
+    _, steps, _ = await train_two_steps(cfg)  # in under a minute
     # 2 prompts x 2 samples x 2 tests per step (step 1 also counts the first evaluation).
     assert steps[1]["reward_code_tests"] == 8
     assert steps[0]["reward_code_tests"] == 8 + 2 * 2

@@ -17,7 +17,6 @@ by a rank's own rows, miss by about half of each gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,16 +26,15 @@ from transformers import LlamaForCausalLM
 from looprl.config import LoraConfig, TrainConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.runs.checkpoint import load_tree, save_tree
-from looprl.training.batch import TrainBatch, build_batch, micro_batch_indices, split_mini_batches
+from looprl.training.batch import TrainBatch, micro_batch_indices, split_mini_batches
 from looprl.training.distributed import DataParallelTrainer, balanced_shards
 from looprl.training.trainer import Trainer
-from looprl.types import Trajectory
 from tests.conftest import tiny_llama_config
+from tests.support.batches import toy_batch
 from tests.support.ranks import Rank, launch_ranks
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
-PAD = 2
 ATOL, RTOL = 1e-5, 1e-5  # gradients, logprobs
 STATS_REL = 1e-4
 WEIGHTS_ATOL = 1e-4
@@ -194,31 +192,10 @@ def _save_weights(trainer: Trainer, path: Path) -> None:
 
 
 def _batch(model, shapes: list[tuple[int, int]], seed: int) -> TrainBatch:
-    """Random tokens, random advantages (a one-row group would get 0 from any estimator),
-    behavior logprobs the model's own plus noise so that behavior weights vary and some
-    exceed the cap."""
-    gen = torch.Generator().manual_seed(seed)
-    trajectories = []
-    for i, (length, prompt) in enumerate(shapes):
-        loss_mask = torch.arange(length) >= prompt
-        trajectories.append(
-            Trajectory(
-                input_ids=torch.randint(3, 1000, (length,), generator=gen),
-                loss_mask=loss_mask,
-                behavior_logprobs=torch.zeros(length),
-                versions=torch.where(loss_mask, 0, -1),
-                reward=0.0,
-                group_id=str(i // 2),
-            )
-        )
-    batch, _ = build_batch(trajectories, "grpo", PAD)
-    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
-    noise = torch.randn(batch.input_ids.shape, generator=gen)
-    return replace(
-        batch,
-        advantages=torch.randn(batch.num_sequences, generator=gen),
-        behavior_logprobs=torch.where(batch.loss_mask, logprobs + noise, 0.0),
-    )
+    """Random tokens in groups of two, reward 0; random advantages and behavior logprobs
+    the model's own plus noise (`toy_batch`'s `noisy`)."""
+    rows = [(length, prompt, 0.0, str(i // 2)) for i, (length, prompt) in enumerate(shapes)]
+    return toy_batch(rows, seed=seed, model=model, noisy=True)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from looprl.engines.servers.vllm import VLLMEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.scheduling.single_process import start_single_process
 from looprl.types import SamplingParams
-from tests.integration.test_vllm_engine import SERVER, vllm_venv  # noqa: F401 (a fixture)
+from tests.support.vllm import SERVER
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def greedy_logprobs_differ(a, b) -> float:
 
 
 async def test_a_killed_vllm_server_is_restarted_on_its_weights_and_its_requests_finish(
-    vllm_venv,  # noqa: F811
+    vllm_venv,
     tmp_path,
     caplog,
 ):

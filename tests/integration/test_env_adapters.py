@@ -21,7 +21,7 @@ from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflows.protocol import close_workflow
 from looprl.workflows.resolution import configured_workflow
-from tests.integration.test_envs import train_two_steps
+from tests.support.tiny_run import train_two_steps
 
 VF_ENV = "verifiers:tests.support.vf_envs"
 
@@ -159,9 +159,9 @@ async def test_verifiers_multi_turn_rollouts_and_failing_ones(tiny_model_dir, tm
         _check_samples(outcome, tokenizer)
 
 
-async def test_looprl_train_on_a_verifiers_environment_two_steps(tiny_model_dir, tmp_path):
+async def test_looprl_train_on_a_verifiers_environment_two_steps(tiny_run):
     summary, steps, evals = await train_two_steps(
-        tiny_model_dir, tmp_path, f"env.name={VF_ENV}", "env.kwargs={turns: 2}"
+        tiny_run(f"env.name={VF_ENV}", "env.kwargs={turns: 2}")
     )
     # 4 rollouts of 2 calls a step, each call a sample; the 2 eval_dataset rows held out
     assert all(r["completed"] == 4 and r["errors"] == {} for r in steps)

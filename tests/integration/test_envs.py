@@ -27,10 +27,10 @@ from looprl.commands.collect import collect
 from looprl.config import load_config
 from looprl.envs.base import EnvCrashed, EnvFailed, EnvTimedOut
 from looprl.envs.workers import EnvWorkers
-from looprl.loop import train
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflows.resolution import configured_workflow
+from tests.support.tiny_run import train_two_steps
 
 
 def _alive(pid: int) -> bool:
@@ -320,43 +320,15 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
         parent.kill()
 
 
-async def train_two_steps(model_dir, tmp_path, *overrides: str):
-    """`looprl train` of 2 steps x 2 x 2 rollouts on the tiny model; (summary, train
-    records, eval records), after checking it took under a minute and trained steps 1-2."""
-    cfg = load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            *overrides,
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=4",
-            "eval.every_steps=0",
-            "eval.max_new_tokens=4",
-        ],
-    )
-    start = time.monotonic()
-    summary = await train(cfg, show_progress=False)
-    assert time.monotonic() - start < 60
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    steps = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in steps] == [1, 2]
-    return summary, steps, [r for r in records if r["kind"] == "eval"]
-
-
-async def test_looprl_train_on_frozen_lake_two_steps(tiny_model_dir, tmp_path):
+async def test_looprl_train_on_frozen_lake_two_steps(tiny_run):
     summary, steps, evals = await train_two_steps(
-        tiny_model_dir,
-        tmp_path,
-        "env.name=gymnasium:FrozenLake-v1",
-        "env.kwargs={random_map_size: 3}",
-        "env.max_turns=2",
-        "env.invalid_action_reward=-0.1",
-        "task.eval_size=3",
+        tiny_run(
+            "env.name=gymnasium:FrozenLake-v1",
+            "env.kwargs={random_map_size: 3}",
+            "env.max_turns=2",
+            "env.invalid_action_reward=-0.1",
+            "task.eval_size=3",
+        )
     )
     assert all(r["completed"] == 4 and r["errors"] == {} for r in steps)
     # 4 episodes of 2 turns, each a sample of its own

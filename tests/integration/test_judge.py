@@ -14,12 +14,12 @@ import pytest
 from looprl import startup
 from looprl.commands.collect import collect
 from looprl.config import EngineConfig, JudgeConfig, load_config
-from looprl.loop import train
 from looprl.rewards import build_reward
 from looprl.rewards.judge import JudgeReward, parse_group_scores, parse_score
 from looprl.rewards.judge_server import serve_judge
 from looprl.tasks import load_task
 from tests.support.scripted_judge import ScriptedJudge
+from tests.support.tiny_run import train_and_read
 
 ROW = {"question": "What is 2 + 2?", "answer": "4"}
 
@@ -132,7 +132,7 @@ async def test_failures_are_counted_and_get_the_fallback():
         rejecting = judge(url, retries=0, fallback_reward=None)
         assert await score_one(rejecting, "It is 4.") is None  # rejects the rollout
         await reward.aclose()
-        await rejecting.close()
+        await rejecting.aclose()
     assert reward.take_stats()["reward_judge_failures"] == 1
     assert rejecting.take_stats()["reward_judge_failures"] == 1
 
@@ -151,7 +151,7 @@ async def test_unreadable_judgments_are_failures():
 
         assert await asyncio.gather(rollout("4"), rollout("5")) == [0.5, 0.5]
         await reward.aclose()
-        await grouped.close()
+        await grouped.aclose()
     assert reward.take_stats()["reward_judge_failures"] == 1
     assert grouped.take_stats()["reward_judge_failures"] == 2
     assert not reward._cache  # a failure is not remembered
@@ -191,38 +191,25 @@ async def test_a_second_local_engine_judges(tiny_model_dir):
     assert (stats["reward_judge_failures"] == 1 and value == 0.5) or 0.0 <= value <= 1.0
 
 
-async def test_judge_reward_trains(tiny_model_dir, tmp_path):
+async def test_judge_reward_trains(tiny_model_dir, tiny_run, tmp_path):
     """`looprl train reward.type=judge`: the run starts the judge's engine, two steps."""
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"question": f"{k} + 1?", "answer": str(k + 1)}) + "\n"
                             for k in range(4)))  # fmt: skip
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "task.name=jsonl",
-            f"task.train_path={data}",
-            f"task.eval_path={data}",
-            "reward.type=judge",
-            "reward.judge.mode=group",
-            f"reward.judge.model={tiny_model_dir}",
-            "reward.judge.retries=0",
-            "reward.judge.max_tokens=8",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=8",
-            "eval.every_steps=0",
-            "eval.size=2",
-            "eval.max_new_tokens=8",
-        ],
+    cfg = tiny_run(
+        "task.name=jsonl",
+        f"task.train_path={data}",
+        f"task.eval_path={data}",
+        "reward.type=judge",
+        "reward.judge.mode=group",
+        f"reward.judge.model={tiny_model_dir}",
+        "reward.judge.retries=0",
+        "reward.judge.max_tokens=8",
+        "sampling.max_new_tokens=8",
+        "eval.size=2",
+        "eval.max_new_tokens=8",
     )
-    await train(cfg, show_progress=False)
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    steps = [r for r in records if r["kind"] == "train"]
+    _, steps, _ = await train_and_read(cfg)
     assert [r["step"] for r in steps] == [1, 2]
     # Group mode: one call per group (2 prompts a step), and one per held-out row of the
     # first evaluation (groups of one); the tiny model's judgments are noise, so some are

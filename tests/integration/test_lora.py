@@ -6,8 +6,6 @@ no-op (lora_B starts at zero), so tests give it random lora_B first.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from peft import PeftModel
@@ -18,9 +16,10 @@ from looprl.engines.base import EngineError
 from looprl.engines.local.engine import LocalEngine
 from looprl.models import load_model, load_tokenizer
 from looprl.training import lora
-from looprl.training.batch import TrainBatch, build_batch
+from looprl.training.batch import build_batch
 from looprl.training.trainer import Trainer
 from looprl.types import LoraAdapter, SamplingParams, Trajectory
+from tests.support.batches import toy_batch, with_own_logprobs
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
@@ -43,28 +42,8 @@ def lora_trainer(model_dir, cfg=F32, lora_cfg=LORA, seed=0) -> Trainer:
     return trainer
 
 
-def batch(seed=0) -> TrainBatch:
-    gen = torch.Generator().manual_seed(seed)
-    trajectories = []
-    for length, prompt, reward, group in [(9, 4, 1.0, "a"), (12, 4, 0.0, "a"), (7, 3, 0.5, "b"),
-                                          (10, 3, 0.0, "b")]:  # fmt: skip
-        loss_mask = torch.arange(length) >= prompt
-        trajectories.append(
-            Trajectory(
-                input_ids=torch.randint(3, 1000, (length,), generator=gen),
-                loss_mask=loss_mask,
-                behavior_logprobs=torch.zeros(length),
-                versions=torch.where(loss_mask, 0, -1),
-                reward=reward,
-                group_id=group,
-            )
-        )
-    return build_batch(trajectories, "grpo", 2)[0]
-
-
-def with_behavior(trainer: Trainer, b: TrainBatch) -> TrainBatch:
-    logprobs = trainer.compute_logprobs(b)
-    return replace(b, behavior_logprobs=torch.where(b.loss_mask, logprobs, 0.0))
+# (length, prompt tokens, reward, group): two groups of two with mixed rewards.
+SHAPES = [(9, 4, 1.0, "a"), (12, 4, 0.0, "a"), (7, 3, 0.5, "b"), (10, 3, 0.0, "b")]
 
 
 def test_only_the_adapters_train_and_the_base_is_frozen_in_the_compute_dtype(tiny_model_dir):
@@ -85,7 +64,7 @@ def test_only_the_adapters_train_and_the_base_is_frozen_in_the_compute_dtype(tin
 
 def test_a_step_moves_the_adapters_and_leaves_the_base_bitwise_alone(tiny_model_dir):
     trainer = lora_trainer(tiny_model_dir)
-    b = with_behavior(trainer, batch())
+    b = with_own_logprobs(toy_batch(SHAPES), trainer)
     base_before = {
         n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad
     }
@@ -103,7 +82,7 @@ def test_a_step_moves_the_adapters_and_leaves_the_base_bitwise_alone(tiny_model_
 
 def test_checkpoint_state_is_the_adapter_only_and_resumes_exactly(tiny_model_dir):
     trainer = lora_trainer(tiny_model_dir)
-    b = with_behavior(trainer, batch())
+    b = with_own_logprobs(toy_batch(SHAPES), trainer)
     trainer.train_step(b)
     state = trainer.state_dict()
     assert set(state["model"]) and all("lora_" in k for k in state["model"])
@@ -125,11 +104,11 @@ def test_checkpoint_state_is_the_adapter_only_and_resumes_exactly(tiny_model_dir
 def test_the_kl_reference_is_the_base_with_adapters_off(tiny_model_dir):
     cfg = F32.model_copy(update={"kl_coef": 0.1})
     trainer = lora_trainer(tiny_model_dir, cfg)
-    b = batch()
+    b = toy_batch(SHAPES)
     base = Trainer(load_model(tiny_model_dir), F32).compute_logprobs(b)
     torch.testing.assert_close(trainer._reference_logprobs(b), base)
     assert not torch.allclose(trainer.compute_logprobs(b), base, atol=1e-3)  # adapter is on
-    stats = trainer.train_step(with_behavior(trainer, b))
+    stats = trainer.train_step(with_own_logprobs(b, trainer))
     assert stats["kl"] > 0
 
 

@@ -3,14 +3,12 @@ held-out split by seed, the answer formats, config errors, and a one-step run.""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from looprl.config import ConfigError, TaskConfig, load_config
-from looprl.loop import train
 from looprl.tasks import load_task
 from looprl.tasks.reasoning_gym import extract_answer
+from tests.support.tiny_run import train_and_read
 
 
 def rg_task(**options):
@@ -63,28 +61,16 @@ def test_unknown_dataset_and_bad_kwargs_name_the_field():
         load_config(None, ["task.dataset=leg_counting"])  # without task.name=reasoning_gym
 
 
-async def test_a_reasoning_gym_run(tiny_model_dir, tmp_path):
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "task.name=reasoning_gym",
-            "task.dataset=leg_counting",
-            "task.dataset_kwargs={min_animals: 1, max_animals: 2}",
-            "task.train_size=20",
-            "task.eval_size=2",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=1",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=8",
-            "eval.every_steps=0",
-            "eval.max_new_tokens=8",
-        ],
+async def test_a_reasoning_gym_run(tiny_run):
+    cfg = tiny_run(
+        "task.name=reasoning_gym",
+        "task.dataset=leg_counting",
+        "task.dataset_kwargs={min_animals: 1, max_animals: 2}",
+        "task.train_size=20",
+        "task.eval_size=2",
+        "train.total_steps=1",
+        "sampling.max_new_tokens=8",
+        "eval.max_new_tokens=8",
     )
-    await train(cfg, show_progress=False)
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
-    [step] = [r for r in records if r["kind"] == "train"]
+    _, [step], _ = await train_and_read(cfg)
     assert step["completed"] == 4 and step["failed"] == 0

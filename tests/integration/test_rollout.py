@@ -10,17 +10,14 @@ looks its own session up in the store while it runs.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import torch
-from openai import AsyncOpenAI
 
 from looprl import startup
 from looprl.config import Config, load_config
@@ -29,19 +26,21 @@ from looprl.models import load_model, load_tokenizer
 from looprl.rollout.outcome import RolloutResult
 from looprl.scheduling.single_process import start_single_process
 from looprl.types import Interaction, Trajectory
+from tests.support.rollouts import (
+    QUESTION,
+    Counting,
+    groups_of,
+    openai_client,
+    repeat_row,
+    rollout_config,
+)
 
-QUESTION = [{"role": "user", "content": "Is it five?"}]
 FOLLOW_UP = "Say it again."
-
-
-def _config(model_dir, *overrides: str) -> Config:
-    base = [f"model.path={model_dir}", "sampling.max_new_tokens=4", "rollout.group_size=1"]
-    return load_config(None, [*base, *overrides])
 
 
 def _two_groups_of_two(model_dir, max_head_offpolicyness: int) -> Config:
     """Batches of 2 prompts x 2 samples, admitted under the given staleness bound."""
-    return _config(
+    return rollout_config(
         model_dir,
         "rollout.group_size=2",
         "rollout.batch_size=2",
@@ -49,23 +48,8 @@ def _two_groups_of_two(model_dir, max_head_offpolicyness: int) -> Config:
     )
 
 
-def _client(base_url: str, api_key: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-
-
 def _session_id(base_url: str) -> str:
     return base_url.rstrip("/").split("/")[-2]  # .../sessions/{id}/v1
-
-
-def _rows(**row: Any) -> Iterator[dict]:
-    return itertools.repeat(row)
-
-
-def _groups(result: RolloutResult) -> list[list[Trajectory]]:
-    by_group: dict[str, list[Trajectory]] = {}
-    for t in result.trajectories:
-        by_group.setdefault(t.group_id, []).append(t)
-    return list(by_group.values())
 
 
 def _sampled_versions(result: RolloutResult) -> set[int]:
@@ -82,7 +66,7 @@ class Misbehaving:
         kind = data["kind"]
         if kind == "no_call":
             return 1.0
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             await client.chat.completions.create(model=model, messages=QUESTION)
             while kind == "hangs_in_call":  # generating until cancelled
                 await client.chat.completions.create(model=model, messages=QUESTION, max_tokens=500)
@@ -109,7 +93,7 @@ async def test_bad_workflows_are_counted_by_outcome_and_none_is_fatal(tiny_model
     kinds = ["good", "raises", "hangs", "none", "good", "nan", "string", "no_call"]
     kinds += ["hangs_in_call", "raises", "good"]
     # Long enough for the good ones' calls on a loaded 2-core machine, short for a test.
-    cfg = _config(tiny_model_dir, "rollout.timeout_s=4")
+    cfg = rollout_config(tiny_model_dir, "rollout.timeout_s=4")
     caplog.set_level(logging.WARNING, logger="looprl.rollout.controller")
     async with start_single_process(startup.start(cfg, train=False), Misbehaving()) as parts:
         start = time.monotonic()
@@ -196,7 +180,7 @@ class TwoTurns:
         session_id = _session_id(base_url)
         self.sessions[session_id] = self.store.get(session_id)
         messages = list(QUESTION)
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             first = await client.chat.completions.create(model=model, messages=messages)
             answer = first.choices[0].message.content
             if self.edit_history:
@@ -238,7 +222,7 @@ def _check_sample(t: Trajectory, calls: list[Interaction]) -> None:
 
 async def test_two_turns_concat_into_one_sample_masking_the_follow_up(tiny_model_dir, scripted):
     model, script = scripted
-    cfg = _config(tiny_model_dir, "sampling.max_new_tokens=16")
+    cfg = rollout_config(tiny_model_dir, "sampling.max_new_tokens=16")
     result, sessions = await _two_turn_rollouts(cfg, model=model)
     tokenizer = load_tokenizer(tiny_model_dir)
 
@@ -262,7 +246,7 @@ async def test_two_turns_concat_into_one_sample_masking_the_follow_up(tiny_model
 
 
 async def test_per_call_mode_gives_one_sample_per_call(tiny_model_dir, scripted):
-    cfg = _config(tiny_model_dir, "rollout.trajectory_mode=per_call")
+    cfg = rollout_config(tiny_model_dir, "rollout.trajectory_mode=per_call")
     result, sessions = await _two_turn_rollouts(cfg, model=scripted[0])
     assert result.stats()["trajectories"] == 4
     for outcome in result.outcomes:
@@ -276,7 +260,7 @@ async def test_per_call_mode_gives_one_sample_per_call(tiny_model_dir, scripted)
 
 async def test_edited_history_breaks_the_chain_and_is_counted(tiny_model_dir):
     """A second prompt that does not extend prompt + output starts a new sample."""
-    result, sessions = await _two_turn_rollouts(_config(tiny_model_dir), edit_history=True)
+    result, sessions = await _two_turn_rollouts(rollout_config(tiny_model_dir), edit_history=True)
     assert result.stats()["concat_breaks"] == 2  # one per rollout
     for outcome in result.outcomes:
         first, second = outcome.trajectories
@@ -292,7 +276,7 @@ class Rewarding:
     """Two model calls, then rewards in the shape `data["reward"]` names."""
 
     async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             a = await client.chat.completions.create(model=model, messages=QUESTION)
             b = await client.chat.completions.create(model=model, messages=QUESTION)
         shape = data["reward"]
@@ -310,7 +294,7 @@ class Rewarding:
 async def test_per_call_reward_dicts_and_posted_rewards(tiny_model_dir):
     shapes = ["dict", "dict_first_only", "posted", "posted_per_call"]
     async with start_single_process(
-        startup.start(_config(tiny_model_dir), train=False), Rewarding()
+        startup.start(rollout_config(tiny_model_dir), train=False), Rewarding()
     ) as parts:
         result = await parts.controller.rollout_batch([{"reward": s} for s in shapes])
     by_shape = dict(zip(shapes, result.outcomes, strict=True))
@@ -334,25 +318,6 @@ async def test_per_call_reward_dicts_and_posted_rewards(tiny_model_dir):
 # ---- prepare_batch under the staleness manager ----------------------------------------
 
 
-class Counting:
-    """One short model call; counts rollouts started and the most running at once."""
-
-    def __init__(self) -> None:
-        self.started = self.running = self.peak = 0
-
-    async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
-        self.started += 1
-        self.running += 1
-        self.peak = max(self.peak, self.running)
-        try:
-            async with _client(base_url, api_key) as client:
-                await client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
-            await asyncio.sleep(0.05)
-            return 1.0
-        finally:
-            self.running -= 1
-
-
 async def _settle(workflow: Counting, started: int, timeout_s: float = 10.0) -> None:
     """Wait until `started` rollouts started and none runs, then a little longer."""
     deadline = time.monotonic() + timeout_s
@@ -366,9 +331,9 @@ async def test_synchronous_rl_starts_nothing_until_the_version_advances(tiny_mod
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=0)
     workflow = Counting()
     async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
-        controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
+        controller, engine, rows = parts.controller, parts.engine, repeat_row(q=1)
         first = await controller.prepare_batch(rows)
-        assert [len(g) for g in _groups(first)] == [2, 2]
+        assert [len(g) for g in groups_of(first)] == [2, 2]
         await _settle(workflow, 4)
         assert workflow.started == 4
         staleness = controller.staleness
@@ -389,7 +354,7 @@ async def test_one_step_off_policy_runs_one_batch_ahead(tiny_model_dir):
     cfg = _two_groups_of_two(tiny_model_dir, max_head_offpolicyness=1)
     workflow = Counting()
     async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
-        controller, engine, rows = parts.controller, parts.engine, _rows(q=1)
+        controller, engine, rows = parts.controller, parts.engine, repeat_row(q=1)
         first = await controller.prepare_batch(rows)
         await _settle(workflow, 8)  # the next batch is produced without a version bump
         assert workflow.started == 8
@@ -409,7 +374,7 @@ async def test_one_step_off_policy_runs_one_batch_ahead(tiny_model_dir):
 
 
 async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
-    cfg = _config(
+    cfg = rollout_config(
         tiny_model_dir,
         "rollout.group_size=2",
         "rollout.batch_size=4",
@@ -418,10 +383,10 @@ async def test_max_concurrent_rollouts_is_never_exceeded(tiny_model_dir):
     )
     workflow = Counting()
     async with start_single_process(startup.start(cfg, train=False), workflow) as parts:
-        rows = _rows(q=1)
+        rows = repeat_row(q=1)
         for _ in range(3):
             result = await parts.controller.prepare_batch(rows)
-            assert len(_groups(result)) == 4
+            assert len(groups_of(result)) == 4
         assert workflow.peak == 4  # the limit, reached but never passed
 
     workflow = Counting()
@@ -443,7 +408,7 @@ class AsksForMore:
 
     async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
         self.forced.append(self.store.get(_session_id(base_url)).sampling_overrides)
-        async with _client(base_url, api_key) as client:
+        async with openai_client(base_url, api_key) as client:
             await client.chat.completions.create(
                 model=model, messages=QUESTION, temperature=1.5, max_tokens=12
             )
@@ -453,7 +418,7 @@ class AsksForMore:
 async def test_eval_overrides_win_over_what_the_agent_asks(tiny_model_dir):
     workflow = AsksForMore()
     async with start_single_process(
-        startup.start(_config(tiny_model_dir), train=False), workflow
+        startup.start(rollout_config(tiny_model_dir), train=False), workflow
     ) as parts:
         workflow.store = parts.gateway.store
         controller = parts.controller

@@ -8,33 +8,20 @@ import json
 
 import pytest
 
-from looprl.config import load_config
 from looprl.loop import train
+from tests.support.toy_job import EVEN_TOKEN_AGENT
 
 
-async def test_a_training_run_reaches_tensorboard_and_mlflow(tiny_model_dir, tmp_path, monkeypatch):
+async def test_a_training_run_reaches_tensorboard_and_mlflow(tiny_model_dir, tiny_run, monkeypatch):
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "workflow.path=tests.e2e.test_learning:EvenTokenAgent",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "sampling.max_new_tokens=4",
-            "eval.every_steps=0",
-            "eval.size=2",
-            "eval.max_new_tokens=4",
-            "metrics.backends=[jsonl,tensorboard,mlflow]",
-            "metrics.samples_per_step=3",
-        ],
+    cfg = tiny_run(
+        f"workflow.path={EVEN_TOKEN_AGENT}",
+        "eval.size=2",
+        "metrics.backends=[jsonl,tensorboard,mlflow]",
+        "metrics.samples_per_step=3",
     )
     await train(cfg, show_progress=False)
 

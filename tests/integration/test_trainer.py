@@ -13,10 +13,10 @@ from looprl.models import load_model
 from looprl.training.batch import TrainBatch, build_batch
 from looprl.training.trainer import Trainer, lr_factor, sampled_logprobs
 from looprl.types import Trajectory
+from tests.support.batches import PAD, toy_batch, with_own_logprobs
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 
-PAD = 2
 # (length, prompt tokens, reward, group): two groups of three with mixed rewards.
 SHAPES = [(9, 4, 1.0, "a"), (12, 4, 0.0, "a"), (7, 4, 0.0, "a"),
           (10, 5, 1.0, "b"), (6, 5, 1.0, "b"), (11, 5, 0.0, "b")]  # fmt: skip
@@ -27,29 +27,8 @@ def model(tiny_model_dir):
     return load_model(tiny_model_dir)
 
 
-def _batch(model, algorithm="grpo") -> TrainBatch:
-    gen = torch.Generator().manual_seed(0)
-    trajectories = []
-    for length, prompt, reward, group in SHAPES:
-        loss_mask = torch.arange(length) >= prompt
-        trajectories.append(
-            Trajectory(
-                input_ids=torch.randint(3, 1000, (length,), generator=gen),
-                loss_mask=loss_mask,
-                behavior_logprobs=torch.zeros(length),
-                versions=torch.where(loss_mask, 0, -1),
-                reward=reward,
-                group_id=group,
-            )
-        )
-    batch, _ = build_batch(trajectories, algorithm, PAD)
-    # Behavior logprobs from the model itself, as a float32 engine at temperature 1 gives.
-    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
-    return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
-
-
 def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     trainer = Trainer(
         model, TrainConfig(max_tokens_per_mb=24, compute_dtype="float32"), temperature=0.7
     )
@@ -67,7 +46,7 @@ def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     # float64 weights: in float32 the summation order alone moves gradients by ~6e-7
     # (~6e-6 of their largest entry); in float64 by ~1e-16, so any gap left is the split's.
     model = copy.deepcopy(model).double()
@@ -100,7 +79,7 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
 
 def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
     model = copy.deepcopy(model)
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     trainer = Trainer(
         model, TrainConfig(compute_dtype="float32", lr=1e-3, ppo_epochs=2, mini_batches=2)
     )
@@ -126,7 +105,7 @@ def test_train_step_raises_logprobs_of_positive_advantage_tokens(model):
 
 def test_bf16_autocast_step_keeps_float32_logprobs(model):
     model = copy.deepcopy(model)
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     trainer = Trainer(model, TrainConfig(compute_dtype="bfloat16"))
     assert trainer.compute_logprobs(batch).dtype == torch.float32
     stats = trainer.train_step(batch)
@@ -136,7 +115,7 @@ def test_bf16_autocast_step_keeps_float32_logprobs(model):
 
 def test_state_dict_round_trip(model):
     model = copy.deepcopy(model)
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     cfg = TrainConfig(compute_dtype="float32", lr=1e-3, warmup_steps=2)
     trainer = Trainer(model, cfg)
     trainer.train_step(batch)
@@ -171,7 +150,7 @@ def test_lr_schedule():
 def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
     """With one optimizer step per batch, proximal = the forward's own logprobs (detached):
     the gradient equals the one computed with a separate proximal pass."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     grads = []
     for proximal in (None, "separate pass"):
         trainer = Trainer(model, TrainConfig(compute_dtype="float32", max_tokens_per_mb=24))
@@ -187,7 +166,7 @@ def test_single_update_takes_proximal_logprobs_from_the_training_forward(model):
 
 def test_a_forced_oom_names_its_phase_and_max_tokens_per_mb(model, monkeypatch):
     """Fault injection: a real out-of-memory error would take this machine down."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     trainer = Trainer(
         copy.deepcopy(model), TrainConfig(compute_dtype="float32", max_tokens_per_mb=512)
     )
@@ -237,8 +216,7 @@ def _shared_prompt_batch(model, rewards: dict[str, list[float]]) -> TrainBatch:
                 )  # fmt: skip
             )
     batch = build_batch(trajectories, "grpo", PAD)[0]
-    logprobs = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
-    return replace(batch, behavior_logprobs=torch.where(batch.loss_mask, logprobs, 0.0))
+    return with_own_logprobs(batch, Trainer(model, TrainConfig(compute_dtype="float32")))
 
 
 def _gradients(trainer: Trainer, batch: TrainBatch) -> tuple[list[torch.Tensor], dict]:
@@ -302,7 +280,7 @@ def test_mismatch_metrics_cover_the_tokens_of_the_trainers_version(model):
     """The engine's logprobs are the model's own plus 0.1 on tokens of version 0 (the
     trainer's) and minus 1 on tokens of an older version 7: the metrics see only the
     former, and say which share of the tokens that was."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     stale = torch.zeros_like(batch.loss_mask)
     stale[:2] = batch.loss_mask[:2]  # rows 0 and 1 were sampled by version 7
     fresh = batch.loss_mask & ~stale
@@ -348,7 +326,7 @@ def test_sampled_logprobs_under_top_k_and_top_p_by_hand():
 def test_compute_logprobs_and_the_training_forward_truncate_alike(model):
     """With top_k / top_p the proximal pass and the training forward renormalize over
     the same set: the single-update gradient equals the one with a separate pass."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     full = Trainer(model, TrainConfig(compute_dtype="float32")).compute_logprobs(batch)
     trainer = Trainer(model, TrainConfig(compute_dtype="float32"), top_k=50, top_p=0.9)
     truncated = trainer.compute_logprobs(batch)
@@ -371,7 +349,7 @@ def test_every_objective_trains_and_a_batch_left_out_gives_zero_gradients(model,
     """On-policy (one update) every objective's gradient is REINFORCE's: the same for all
     three. A batch whose every sample was left out of the loss (truncated) trains on
     nothing: finite stats, zero gradients."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     cfg = TrainConfig(compute_dtype="float32", objective=objective)
     trainer = Trainer(copy.deepcopy(model), cfg)
     grads, stats = _gradients(trainer, batch)
@@ -398,7 +376,7 @@ def test_every_objective_trains_and_a_batch_left_out_gives_zero_gradients(model,
 
 def test_distillation_from_itself_gives_zero_advantages_and_leaves_the_weights(model):
     student = copy.deepcopy(model)
-    batch = _batch(student, "distill")
+    batch = toy_batch(SHAPES, algorithm="distill", model=student)
     assert bool((batch.advantages == 0).all())
     cfg = TrainConfig(compute_dtype="float32", lr=1e-2, algorithm="distill", teacher_path="t")
     trainer = Trainer(student, cfg, teacher_model=copy.deepcopy(model))
@@ -416,7 +394,7 @@ def test_distillation_moves_the_students_logprobs_toward_the_teachers(model):
     with torch.no_grad():
         for p in teacher.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    batch = _batch(student, "distill")
+    batch = toy_batch(SHAPES, algorithm="distill", model=student)
     target = Trainer(copy.deepcopy(teacher), TrainConfig(compute_dtype="float32"))
     target = target.compute_logprobs(batch)
     cfg = TrainConfig(compute_dtype="float32", lr=1e-4, algorithm="distill", teacher_path="t")
@@ -445,7 +423,7 @@ def test_distillation_needs_its_teacher(model):
 
 def test_activation_checkpointing_gives_the_same_gradients(model):
     """...while the decoder keeps a fraction of its activations for the backward pass."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     grads, saved = [], []
     for checkpointing in (False, True):
         cfg = TrainConfig(compute_dtype="float32", activation_checkpointing=checkpointing)
@@ -471,7 +449,7 @@ def test_activation_checkpointing_gives_the_same_gradients(model):
 def test_a_single_update_records_its_forwards_logprobs_for_the_trajectory_files(model):
     """step_logprobs under one optimizer step: the training forward's own (the weights
     before the update) at each row it ran, NaN at the rows it left out (zero advantage)."""
-    batch = _batch(model)
+    batch = toy_batch(SHAPES, model=model)
     batch = replace(batch, advantages=torch.where(torch.arange(6) == 2, 0.0, batch.advantages))
     trainer = Trainer(copy.deepcopy(model), TrainConfig(compute_dtype="float32"))
     before = trainer.compute_logprobs(batch)
@@ -492,7 +470,7 @@ def test_distillation_advantages_are_the_teacher_gap_minus_the_batch_mean(model,
     with torch.no_grad():
         for p in teacher.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
-    batch = _batch(student, "distill")
+    batch = toy_batch(SHAPES, algorithm="distill", model=student)
     teacher_logprobs = Trainer(copy.deepcopy(teacher), TrainConfig(compute_dtype="float32"))
     gap = teacher_logprobs.compute_logprobs(batch) - batch.behavior_logprobs  # (N, T)
     expected = torch.where(batch.loss_mask, gap - gap[batch.loss_mask].mean(), 0.0)

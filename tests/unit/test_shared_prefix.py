@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from looprl.training import shared_prefix
-from tests.unit.test_fused import MODELS
+from tests.support.architectures import MODELS
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
 

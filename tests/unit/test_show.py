@@ -4,7 +4,7 @@ from looprl.cli import app
 from looprl.commands.show import PROMPT_STYLE, SAMPLED_STYLES, _ranges, tokens
 from looprl.runs.paths import RunPaths, frame_file
 from looprl.runs.trajectories import step_path, step_rows, write_step
-from tests.unit.test_trajectory_files import step_fixture, token_text
+from tests.support.trajectory_step import step_fixture, token_text
 
 
 def write_run(run_dir, steps=(1, 3)):
