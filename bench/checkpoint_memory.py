@@ -20,6 +20,7 @@ import gc
 import logging
 import tempfile
 
+from looprl import startup
 from looprl.config import load_config
 from looprl.runtime import release_free_memory
 from looprl.scheduling.ray import start_ray_actors
@@ -41,7 +42,7 @@ async def main() -> None:
         cfg = load_config(
             None, [f"run.fileroot={root}", "scheduler.type=ray", "scheduler.trainer_ranks=2"]
         )
-        async with start_ray_actors(cfg, Idle()) as parts:
+        async with start_ray_actors(startup.start(cfg), Idle()) as parts:
             before = rss_gib()
             state = await parts.trainer.state_dict()
             fetched = rss_gib()

@@ -70,10 +70,10 @@ class Config(Section):
     def run_dir(self) -> Path:
         return Path(self.run.fileroot) / self.run.experiment_name / self.run.trial_name
 
-    def save(self, paths: RunPaths | None = None) -> Path:
-        """Write the resolved config into the run directory (`paths.config`; by default
-        the paths of `run_dir`)."""
-        path = (paths or RunPaths(self.run_dir)).config
+    def save(self, run: RunPaths | Path | None = None) -> Path:
+        """Write the resolved config into the run directory `run` (its RunPaths or its
+        root; by default `run_dir`) as its config file."""
+        path = RunPaths.of(run or self.run_dir).config
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_yaml())
         return path

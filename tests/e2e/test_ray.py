@@ -14,6 +14,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from looprl import startup
 from looprl.config import load_config
 from looprl.diagnostics.watchdog import registered
 from looprl.engines.servers.process import free_port
@@ -85,7 +86,7 @@ async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_
         ],
     )
     rows = [{"question": f"Count to {i}."} for i in range(8)]
-    async with start_ray_actors(cfg, LongAnswer()) as parts:
+    async with start_ray_actors(startup.start(cfg), LongAnswer()) as parts:
         pool = parts.engine
         run = asyncio.create_task(parts.controller.rollout_batch(rows, group_size=1))
         for _ in range(600):  # wait until both replicas are decoding
@@ -129,7 +130,7 @@ async def test_a_killed_trainer_rank_stops_every_rank_and_is_named(tiny_model_di
         ],
     )
     rows = [{"question": "Count to 3."}, {"question": "Count to 4."}]
-    async with start_ray_actors(cfg, LongAnswer()) as parts:
+    async with start_ray_actors(startup.start(cfg), LongAnswer()) as parts:
         rollout = await parts.controller.rollout_batch(rows, group_size=2)
         batch, _ = build_batch(rollout.trajectories, "grpo", parts.tokenizer.pad_token_id)
         await parts.trainer.train_step(batch)  # both ranks work
