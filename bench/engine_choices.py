@@ -6,7 +6,8 @@ Claims measured (SmolLM2-135M-Instruct in bfloat16 unless stated; best of N timi
 2. sampling 64 rows is faster with glibc told to keep large freed blocks
    (`looprl.runtime.tune_malloc`), measured in two subprocesses, with and without;
 3. decode attention (one query row) is faster as two batched matmuls than through
-   `scaled_dot_product_attention`;
+   `scaled_dot_product_attention`; and, for the portable kernels, which run SDPA, giving
+   it each KV head's query heads as query rows beats `enable_gqa`;
 4. with K stored as (head_dim, T), attending to the first `width` columns needs no copy;
    with K as (T, head_dim) the sliced transpose makes bmm copy K first;
 5. oneDNN-packed weights (`mkldnn._linear_pointwise`) beat `F.linear` on decode shapes;
@@ -20,7 +21,6 @@ Claims measured (SmolLM2-135M-Instruct in bfloat16 unless stated; best of N timi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import subprocess
 import sys
 import threading
@@ -29,7 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from looprl.engines.local.fused import FusedDecoder, SlotCache, _pack
+from looprl.engines.local.fused import FusedDecoder, _pack
+from looprl.engines.local.kv_cache import SlotCache
 from looprl.models import load_model
 
 BATCH, PROMPT, VOCAB = 32, 40, 49152
@@ -76,20 +77,16 @@ def threads(model) -> None:
 
 
 def sampling_child(tune: bool) -> None:
-    """Runs in a subprocess: time LocalEngine._sample on 64 rows, print microseconds."""
-    import looprl.engines.local.engine as local
+    """Runs in a subprocess: time the engine's sampler on 64 rows, print microseconds."""
+    from looprl.engines.local.sampling import sample
+    from looprl.runtime import tune_malloc
     from looprl.types import SamplingParams
 
-    if not tune:
-        local.tune_malloc = lambda: None
-    model = load_model("default", "bfloat16")
-    engine = local.LocalEngine(model, eos_token_ids=[], dtype="bfloat16")
-    loop = asyncio.new_event_loop()
-    engine._rows = [
-        local._Request([1], SamplingParams(8), loop.create_future(), None) for _ in range(64)
-    ]
+    if tune:
+        tune_malloc()  # as LocalEngine does when it is built
     logits = torch.randn(64, VOCAB) * 3
-    print(best_us(lambda: engine._sample(logits)))
+    params, generator = [SamplingParams(8)] * 64, torch.Generator().manual_seed(0)
+    print(best_us(lambda: sample(logits, params, generator, [None] * 64)))
 
 
 def sampling() -> None:
@@ -122,6 +119,18 @@ def attention() -> None:
     row(f"decode attention per layer ({slots} rows, {width} columns): matmuls vs SDPA", ours, sdpa)
     sliced_td = best_us(lambda: matmuls(k_td[:, :, :width].transpose(-1, -2)))
     row(f"same, K as (head_dim, T) vs (T, head_dim), {width}/{columns} columns", ours, sliced_td)
+
+    # The portable kernels' decode: SDPA with a mask row per slot, K as (T, head_dim).
+    lengths = torch.randint(1, width + 1, (slots,))
+    visible = (torch.arange(width) < lengths[:, None])[:, None, None, :]
+    keys, values = k_td[:, :, :width], v[:, :, :width]
+    grouped = best_us(lambda: F.scaled_dot_product_attention(q, keys, values, attn_mask=visible))
+    gqa = best_us(
+        lambda: F.scaled_dot_product_attention(
+            sdpa_q, keys, values, attn_mask=visible, enable_gqa=True
+        )
+    )
+    row("masked SDPA: a KV head's query heads as its query rows vs enable_gqa", grouped, gqa)
 
 
 def packed_linear() -> None:

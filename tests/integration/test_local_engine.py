@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from looprl.config import EngineConfig
 from looprl.engines.base import EngineError, EngineUnavailable
 from looprl.engines.local.engine import LocalEngine
 from looprl.models import load_model, load_tokenizer
-from looprl.precision import layer_shape, probe
+from looprl.precision import EnginePrecision, layer_shape, probe
 from looprl.types import Generation, SamplingParams
 
 pytestmark = pytest.mark.kernels  # run again on a forced AVX2 CPU by make test
@@ -78,19 +79,21 @@ def smol_model(smol_model_dir) -> LlamaForCausalLM:
     return load_model(smol_model_dir)
 
 
-FORWARDS = {  # id -> (engine.impl, engine.weight_layout)
-    "fused-packed": ("fused", "packed"),
-    "fused-plain": ("fused", "plain"),
-    "hf": ("hf", "plain"),
+FORWARDS = {  # id -> (engine.impl, engine.weight_layout, engine.kernels)
+    "fused-packed": ("fused", "packed", "cpu"),
+    "fused-plain": ("fused", "plain", "cpu"),
+    "fused-portable": ("fused", "plain", "portable"),
+    "hf": ("hf", "plain", "cpu"),
 }
 
 
 @pytest.fixture(params=FORWARDS)
 async def tiny_engine(request, tiny_model, tokenizer):
-    """Every forward, in float32: the fused one with oneDNN-packed and with plain weights
-    (the path a CPU takes where a dtype does not pack), and Hugging Face's. Every test on
-    this fixture holds for each."""
-    impl, layout = FORWARDS[request.param]
+    """Every forward, in float32: the fused one with the cpu kernels, oneDNN-packed and
+    plain weights (the path a CPU takes where a dtype does not pack), with the portable
+    kernels (what a GPU runs), and Hugging Face's. Every test on this fixture holds for
+    each."""
+    impl, layout, kernels = FORWARDS[request.param]
     engine = LocalEngine(
         tiny_model,
         eos_token_ids=[tokenizer.eos_token_id],
@@ -98,6 +101,7 @@ async def tiny_engine(request, tiny_model, tokenizer):
         dtype="float32",
         weight_layout=layout,
         impl=impl,
+        kernels=kernels,
     )
     yield engine
     await engine.stop()
@@ -119,16 +123,23 @@ async def generate_all(engine, prompts, sampling) -> list[Generation]:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "layout"), [(1.0, "packed"), (1.0, "plain"), (0.7, "packed")]
+    ("temperature", "layout", "kernels"),
+    [
+        (1.0, "packed", "cpu"),
+        (1.0, "plain", "cpu"),
+        (0.7, "packed", "cpu"),
+        (1.0, "plain", "portable"),
+    ],
 )
 async def test_logprobs_match_teacher_forcing_real_model(
-    smol_model, tokenizer, prompts, temperature, layout
+    smol_model, tokenizer, prompts, temperature, layout, kernels
 ):
     engine = LocalEngine(
         smol_model,
         eos_token_ids=[tokenizer.eos_token_id],
         dtype="float32",
         weight_layout=layout,
+        kernels=kernels,
     )
     sampling = SamplingParams(max_new_tokens=10, temperature=temperature)
     gens = await generate_all(engine, prompts[:4], sampling)
@@ -204,13 +215,17 @@ async def test_greedy_logprobs_are_untempered(tiny_engine, tiny_model, prompts):
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("layout", ["packed", "plain"])
-async def test_bfloat16_engine_logprobs_are_close_to_float32(tiny_model, prompts, layout):
+@pytest.mark.parametrize(
+    ("layout", "kernels"), [("packed", "cpu"), ("plain", "cpu"), ("plain", "portable")]
+)
+async def test_bfloat16_engine_logprobs_are_close_to_float32(tiny_model, prompts, layout, kernels):
     if layout == "packed" and not probe("cpu", *layer_shape(tiny_model.config)).can_pack(
         "bfloat16"
     ):
         pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU (no AVX-512 BW/VL/DQ)")
-    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="bfloat16", weight_layout=layout)
+    engine = LocalEngine(
+        tiny_model, eos_token_ids=[], dtype="bfloat16", weight_layout=layout, kernels=kernels
+    )
     assert engine.weight_layout == layout
     gens = await generate_all(engine, prompts[:3], SamplingParams(max_new_tokens=8))
     await engine.stop()
@@ -357,10 +372,17 @@ async def test_pause_holds_decoding_until_resume(tiny_engine, tiny_model, prompt
     assert (await pending).versions == [5] * 4
 
 
-@pytest.mark.parametrize("impl", ["fused", "hf"])
-async def test_kv_budget(tiny_model, prompts, impl):
+@pytest.mark.parametrize(
+    ("impl", "kernels"), [("fused", "cpu"), ("fused", "portable"), ("hf", "cpu")]
+)
+async def test_kv_budget(tiny_model, prompts, impl, kernels):
     engine = LocalEngine(
-        tiny_model, eos_token_ids=[], max_tokens_per_batch=100, impl=impl, dtype="float32"
+        tiny_model,
+        eos_token_ids=[],
+        max_tokens_per_batch=100,
+        impl=impl,
+        kernels=kernels,
+        dtype="float32",
     )
     too_big = SamplingParams(max_new_tokens=101 - len(prompts[0]), temperature=0)
     with pytest.raises(EngineError, match="max_tokens_per_batch=100"):
@@ -407,10 +429,14 @@ async def test_stop_fails_waiting_requests(tiny_engine, prompts):
         await pending
 
 
-async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts):
-    """Many requests against a small budget: all finish, the cache never outgrows it."""
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+async def test_fused_kv_cache_stays_within_budget(tiny_model, prompts, kernels):
+    """Many requests against a small budget: all finish, the cache never outgrows it.
+    Rows finish at different steps, so slots free up and are taken again out of order."""
     budget = 400
-    engine = LocalEngine(tiny_model, eos_token_ids=[], max_tokens_per_batch=budget, dtype="float32")
+    engine = LocalEngine(
+        tiny_model, eos_token_ids=[], max_tokens_per_batch=budget, kernels=kernels, dtype="float32"
+    )
     cache = engine._runner.cache
     config = tiny_model.config
     head_dim = config.hidden_size // config.num_attention_heads
@@ -450,13 +476,17 @@ def count_prefills(engine: LocalEngine) -> tuple[list[int], list[int]]:
     return rows, tokens
 
 
-async def test_prefix_store_skips_shared_and_earlier_tokens(tiny_model, other_tiny_model, prompts):
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+async def test_prefix_store_skips_shared_and_earlier_tokens(
+    tiny_model, other_tiny_model, prompts, kernels
+):
     """The system prompt every prompt shares is prefilled once; a next turn that extends
     a finished sequence prefills only its new tokens; a weight update empties the store.
     Outputs and logprobs stay those of an engine without the store."""
     greedy = SamplingParams(max_new_tokens=6, temperature=0)
-    plain = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0, dtype="float32")
-    engine = LocalEngine(tiny_model, eos_token_ids=[], dtype="float32")
+    options = dict(eos_token_ids=[], dtype="float32", kernels=kernels)
+    plain = LocalEngine(tiny_model, prefix_cache_tokens=0, **options)
+    engine = LocalEngine(tiny_model, **options)
     store = engine._runner.prefixes
     rows, tokens = count_prefills(engine)
     shared = len(os.path.commonprefix(prompts))
@@ -491,9 +521,12 @@ async def test_prefix_store_skips_shared_and_earlier_tokens(tiny_model, other_ti
     await plain.stop()
 
 
-async def test_identical_prompts_share_one_prefill(tiny_model, prompts):
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+async def test_identical_prompts_share_one_prefill(tiny_model, prompts, kernels):
     """A group's samples are prefilled once; each still matches its prompt run alone."""
-    engine = LocalEngine(tiny_model, eos_token_ids=[], prefix_cache_tokens=0, dtype="float32")
+    engine = LocalEngine(
+        tiny_model, eos_token_ids=[], prefix_cache_tokens=0, kernels=kernels, dtype="float32"
+    )
     prefilled_rows = count_prefills(engine)[0]
     greedy = SamplingParams(max_new_tokens=10, temperature=0)
     group = [prompts[0]] * 4 + [prompts[1]] * 4
@@ -574,3 +607,157 @@ async def test_extreme_sampling_values_share_a_batch(tiny_engine, prompts):
     assert gens[2].output_ids == greedy_gen.output_ids
     assert gens[2].logprobs == pytest.approx(greedy_gen.logprobs, abs=1e-5)
     assert all(torch.isfinite(torch.tensor(g.logprobs)).all() for g in gens)
+
+
+# ---- the portable kernels, weight updates in place, collocation hooks -------------------
+
+
+async def test_greedy_equals_hugging_face_generate(tiny_engine, tiny_model, tokenizer, prompts):
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    gens = await generate_all(tiny_engine, prompts[:3], greedy)
+    for prompt, gen in zip(prompts[:3], gens, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = tiny_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=12,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        assert gen.output_ids == out[0, len(prompt) :].tolist()
+
+
+def test_kernels_are_decided_before_the_engine(tiny_model, tokenizer):
+    with pytest.raises(ValueError, match="engine.kernels=auto is decided at start-up"):
+        LocalEngine(tiny_model, eos_token_ids=[], kernels="auto")
+    with pytest.raises(ValueError, match="engine.weight_layout=packed .* portable"):
+        LocalEngine(tiny_model, eos_token_ids=[], weight_layout="packed", kernels="portable")
+    precision = EnginePrecision(
+        dtype="float32", weight_layout="plain", reason="test", kernels="portable"
+    )
+    engine = LocalEngine.for_model(tiny_model, tokenizer, EngineConfig(), precision)
+    assert engine.kernels == "portable" and engine._runner._decoder.kernels == "portable"
+    hf = LocalEngine(tiny_model, eos_token_ids=[], impl="hf", kernels="portable")
+    assert hf.kernels == "portable"  # the Hugging Face forward has no kernels to choose
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+async def test_weight_updates_write_into_the_fused_weights(
+    tiny_model, other_tiny_model, prompts, kernels
+):
+    """Plain fused weights are written in place by update_weights: the same tensors
+    afterwards (no allocation), and the engine then samples what an engine built on the
+    new weights samples."""
+    options = dict(eos_token_ids=[], dtype="float32", weight_layout="plain", kernels=kernels)
+    engine = LocalEngine(tiny_model, **options)
+    decoder = engine._runner._decoder
+    greedy = SamplingParams(max_new_tokens=8, temperature=0)
+    built = [w.data_ptr() for w in decoder.weights()]
+    memory = engine.memory_bytes()["weights"]
+    before = await generate_all(engine, prompts[:3], greedy)
+    await engine.update_weights(other_tiny_model.state_dict(), version=1)
+    await engine.update_weights(tiny_model.state_dict(), version=2)
+    assert [g.output_ids for g in await generate_all(engine, prompts[:3], greedy)] == [
+        g.output_ids for g in before
+    ]
+    await engine.update_weights(other_tiny_model.state_dict(), version=3)
+    assert [w.data_ptr() for w in decoder.weights()] == built
+    assert engine.memory_bytes()["weights"] == memory
+    fresh = LocalEngine(other_tiny_model, **options)
+    got = await generate_all(engine, prompts[:3], greedy)
+    want = await generate_all(fresh, prompts[:3], greedy)
+    await engine.stop()
+    await fresh.stop()
+    assert [g.output_ids for g in got] == [g.output_ids for g in want]
+    assert [g.output_ids for g in got] != [g.output_ids for g in before]
+    for g, w in zip(got, want, strict=True):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+
+
+def kv_bytes_per_token(config) -> int:
+    head_dim = config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4  # float32
+
+
+@pytest.mark.parametrize("forward", ["fused-packed", "fused-portable", "hf"])
+async def test_memory_bytes_counts_each_weight_once_and_the_kv_cache(tiny_model, prompts, forward):
+    impl, layout, kernels = FORWARDS[forward]
+    if layout == "packed" and not probe("cpu", *layer_shape(tiny_model.config)).can_pack("float32"):
+        pytest.skip("oneDNN cannot pack float32 weights on this CPU")
+    engine = LocalEngine(
+        tiny_model,
+        eos_token_ids=[],
+        dtype="float32",
+        impl=impl,
+        weight_layout=layout,
+        kernels=kernels,
+    )
+    size = {name: p.numel() * 4 for name, p in tiny_model.named_parameters()}
+    fused_copies = {  # what the fused forward holds besides the model's own tensors
+        "fused-packed": [n for n in size if n.endswith("proj.weight") or n == "lm_head.weight"],
+        "fused-portable": [n for n in size if n.split(".")[-2] in ("q_proj", "k_proj", "v_proj")]
+        + [n for n in size if n.split(".")[-2] in ("gate_proj", "up_proj")],
+        "hf": [],
+    }[forward]
+    memory = engine.memory_bytes()
+    assert memory == {
+        "weights": sum(size.values()) + sum(size[n] for n in fused_copies),
+        "kv_cache": 0,
+    }
+
+    per_token = kv_bytes_per_token(tiny_model.config)
+    greedy = SamplingParams(max_new_tokens=40, temperature=0)
+    running = asyncio.create_task(engine.generate(prompts[0], greedy))
+    await engine.generate(prompts[1], SamplingParams(max_new_tokens=1, temperature=0))
+    assert engine.memory_bytes()["kv_cache"] >= per_token * len(prompts[0])  # mid-generation
+    await running
+    idle = engine.memory_bytes()["kv_cache"]  # the fused cache keeps its memory, HF's not
+    assert idle == (engine._runner.cache.nbytes if impl == "fused" else 0)
+    await engine.stop()
+
+
+@pytest.mark.parametrize("forward", ["fused-plain", "fused-portable", "hf"])
+async def test_set_kv_budget_takes_effect_at_a_step_boundary(tiny_model, prompts, forward):
+    """Lowered while two rows run: both finish with what they sample alone, a waiting
+    request that no longer fits fails, new requests are validated against the new budget,
+    and the cache memory goes back once the batch is empty; raised again, long requests
+    run again."""
+    impl, layout, kernels = FORWARDS[forward]
+    engine = LocalEngine(
+        tiny_model,
+        eos_token_ids=[],
+        dtype="float32",
+        impl=impl,
+        weight_layout=layout,
+        kernels=kernels,
+        max_tokens_per_batch=1000,
+    )
+    per_token = kv_bytes_per_token(tiny_model.config)
+    long = SamplingParams(max_new_tokens=60, temperature=0)
+    alone = [await engine.generate(p, long) for p in prompts[:2]]
+    running = [asyncio.create_task(engine.generate(p, long)) for p in prompts[:2]]
+    await engine.generate(prompts[3], SamplingParams(max_new_tokens=1, temperature=0))
+    held = engine.memory_bytes()["kv_cache"]
+    await engine.pause()
+    doomed = asyncio.create_task(engine.generate(prompts[2], long))  # validated, waiting
+    await asyncio.sleep(0.01)
+    small = len(prompts[3]) + 10
+    await engine.set_kv_budget(small)
+    assert engine.memory_bytes()["kv_cache"] == held  # rows running: nothing released yet
+    with pytest.raises(EngineError, match=f"max_tokens_per_batch={small}"):
+        await engine.generate(prompts[0], long)
+    fits = asyncio.create_task(engine.generate(prompts[3], SamplingParams(10, temperature=0)))
+    await engine.resume()
+    gens = await asyncio.gather(*running)
+    assert [g.output_ids for g in gens] == [g.output_ids for g in alone]
+    with pytest.raises(EngineError, match=f"lowered to {small}"):
+        await doomed
+    assert len((await fits).output_ids) == 10
+    assert engine.memory_bytes()["kv_cache"] <= per_token * small < held
+    with pytest.raises(ValueError, match="set_kv_budget"):
+        await engine.set_kv_budget(0)
+    await engine.set_kv_budget(1000)
+    assert (await engine.generate(prompts[0], long)).output_ids == alone[0].output_ids
+    await engine.stop()

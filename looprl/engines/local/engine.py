@@ -1,11 +1,13 @@
 """The in-process PyTorch inference engine, with continuous batching.
 
 Owns: a private copy of a Hugging Face causal LM in the engine's dtype, the queue of
-waiting requests, the running batch and per-request sampling. Its model runner
-(`runners.py`) owns the forward and the KV cache: the fused forward with preallocated
-KV slots for Llama-family models, the Hugging Face forward for any other. Does not own
-tokenization: token ids go in and come out; the optional `decode` callable is used only
-to detect stop strings.
+waiting requests, the running batch and each request's sampling state (the sampler
+itself is `sampling.py`). Its model runner (`runners.py`) owns the forward and the KV
+cache: the fused forward with preallocated KV slots for Llama-family models (`fused.py`,
+with the kernels start-up chose: "cpu", tuned for CPUs, or "portable", plain torch
+that is right on any device, the GPU default), the Hugging Face forward for any other.
+Does not own tokenization: token ids go in and come out; the optional `decode` callable
+is used only to detect stop strings.
 
 How a step runs. At every step boundary, waiting requests that fit (`max_batch_size`
 rows, and the runner's KV budget `max_tokens_per_batch`) are prefilled in one forward
@@ -26,8 +28,10 @@ Concurrency contract:
   late. Not in a worker thread: on CPU, torch ops from a second thread run with a
   second OpenMP team, and a decode step measured 1.7-1.9x slower there
   (`bench/engine_choices.py`).
-- `update_weights` and `pause` take the same lock, so they never overlap a forward:
-  weights change and decoding halts exactly at a step boundary.
+- `update_weights`, `set_kv_budget` and `pause` take the same lock, so they never
+  overlap a forward: weights and the KV budget change and decoding halts exactly at a
+  step boundary. `memory_bytes` only reads sizes (a scheduler sharing the device with
+  a trainer asks it, then lowers or raises the budget).
 - One request's fault fails that request only. `generate` refuses what the engine
   cannot serve (EngineRequestError) before it joins the batch; a row whose logits come
   out non-finite fails alone; and when a step raises, each of its rows is run again
@@ -45,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,8 +59,9 @@ from transformers import PreTrainedModel
 from looprl.config import EngineConfig
 from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
-from looprl.engines.local.fused import unsupported_reason
+from looprl.engines.local.fused import KERNELS, unsupported_reason
 from looprl.engines.local.runners import FusedRunner, HFRunner
+from looprl.engines.local.sampling import sample
 from looprl.models import DTYPES, eos_token_ids
 from looprl.precision import EnginePrecision, PrecisionError
 from looprl.runtime import tune_malloc
@@ -101,8 +105,9 @@ class LocalEngine:
 
     `eos_token_ids` end every generation; `decode` (token ids -> text) is needed only
     for requests with stop strings. `version` is the policy version of `model`'s
-    weights. Batching limits are described in EngineConfig. An engine serves the one
-    event loop it is first used on.
+    weights. `dtype`, `weight_layout` and `kernels` are what start-up decided (never
+    auto); batching limits and `impl` are described in EngineConfig. An engine serves
+    the one event loop it is first used on.
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class LocalEngine:
         prefix_cache_tokens: int = 8192,
         version: int = 0,
         impl: str = "auto",
+        kernels: str = "cpu",
     ) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(
@@ -129,6 +135,11 @@ class LocalEngine:
             raise ValueError(
                 f"engine weight_layout={weight_layout!r} must be 'packed' or 'plain' "
                 "(engine.weight_layout=auto is decided at start-up, looprl/startup.py)"
+            )
+        if kernels not in KERNELS:
+            raise ValueError(
+                f"engine kernels={kernels!r} must be one of {', '.join(KERNELS)} "
+                "(engine.kernels=auto is decided at start-up, looprl/startup.py)"
             )
         if max_batch_size < 1 or max_tokens_per_batch < 1:
             raise ValueError(
@@ -150,7 +161,7 @@ class LocalEngine:
                 f"runs the Hugging Face one ({reason or 'engine.impl=hf'}); set "
                 "engine.weight_layout=auto"
             )
-        self.dtype, self.weight_layout = dtype, weight_layout
+        self.dtype, self.weight_layout, self.kernels = dtype, weight_layout, kernels
         # A copy, so the trainer can keep updating its own model while this one serves.
         self._model = copy.deepcopy(model).to(DTYPES[dtype]).eval()
         if fused:
@@ -159,6 +170,7 @@ class LocalEngine:
                 max_tokens_per_batch,
                 prefix_cache_tokens,
                 packed=weight_layout == "packed",
+                kernels=kernels,
             )
         else:
             if impl == "auto":
@@ -202,6 +214,7 @@ class LocalEngine:
             decode=tokenizer.decode,
             dtype=precision.dtype,
             weight_layout=precision.weight_layout,
+            kernels=precision.kernels,
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,
@@ -229,7 +242,9 @@ class LocalEngine:
         return await future
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Copy `state_dict` into the engine's model between two steps; set `version`."""
+        """Copy `state_dict` into the engine's model between two steps; set `version`.
+        The fused forward's plain weights are written in place: an update allocates no
+        weight memory (packed weights are packed anew)."""
         async with self._model_lock:
             try:
                 self._load(state_dict)
@@ -260,6 +275,22 @@ class LocalEngine:
                 ) from e
             self._version = version
             self._cache_is_stale = True
+
+    async def set_kv_budget(self, tokens: int) -> None:
+        """Set the KV budget (`max_tokens_per_batch`) between two steps, e.g. to make room
+        for a trainer on the same device. Running rows keep running; requests are admitted
+        and validated under the new budget, and a waiting one it can never fit fails. The
+        cache memory the new budget no longer allows is released as soon as no row runs."""
+        if tokens < 1:
+            raise ValueError(f"set_kv_budget(tokens={tokens}): the budget must be >= 1")
+        async with self._model_lock:
+            self._max_tokens_per_batch = tokens
+            self._runner.set_budget(tokens)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What the engine holds on its device: {"weights": its model's parameters and the
+        fused forward's weights, shared storage counted once, "kv_cache": the KV cache}."""
+        return self._runner.memory_bytes()
 
     async def pause(self) -> None:
         """Halt decoding; returns once the step in flight (if any) has finished."""
@@ -363,7 +394,18 @@ class LocalEngine:
                 self._waiting.popleft()
                 continue
             if not self._runner.fits([*reserved, request.reserved_tokens]):
-                break  # first come, first served: later requests do not overtake it
+                if reserved:
+                    break  # first come, first served: later requests do not overtake it
+                self._waiting.popleft()  # alone it never fits: set_kv_budget lowered it
+                request.future.set_exception(
+                    EngineRequestError(
+                        f"this request needs {request.reserved_tokens} tokens of KV cache "
+                        "(prompt + max_new_tokens), more than the engine's KV budget, "
+                        f"lowered to {self._max_tokens_per_batch} while it waited; lower "
+                        "max_new_tokens"
+                    )
+                )
+                continue
             reserved.append(request.reserved_tokens)
             new.append(self._waiting.popleft())
         return new
@@ -406,7 +448,7 @@ class LocalEngine:
                 logits = self._runner.prefill(
                     [request.prompt_ids + request.output_ids], [request.reserved_tokens]
                 )
-                self._sample(logits, [request])
+                sample(logits, [request.sampling], self._generator, [request.generator])
             except Exception as e:
                 blamed += 1
                 error = EngineError(
@@ -474,7 +516,10 @@ class LocalEngine:
             sequences = [r.prompt_ids + r.output_ids for r in new]
             parts.append(self._runner.prefill(sequences, [r.reserved_tokens for r in new]))
         logits = torch.cat(parts)
-        tokens, logprobs, top = self._sample(logits, self._rows)
+        rows = self._rows
+        tokens, logprobs, top = sample(
+            logits, [r.sampling for r in rows], self._generator, [r.generator for r in rows]
+        )
         finite = torch.isfinite(logprobs).tolist()
         finished, keep = [], []
         for i, (request, token, logprob) in enumerate(
@@ -508,62 +553,6 @@ class LocalEngine:
             self._runner.keep(keep)
         return finished
 
-    def _sample(
-        self, logits: torch.Tensor, rows: list[_Request]
-    ) -> tuple[torch.Tensor, torch.Tensor, list]:
-        """Pick one token per row of `rows` under its params; logits are (B, V) float32.
-
-        Temperature, then top-k, then top-p define the distribution sampled from, and
-        the reported logprob is under exactly that distribution. Greedy rows
-        (SamplingParams.greedy) take the argmax and report the untempered log-softmax;
-        top_k beyond the vocabulary keeps every token. Draws
-        use the inverse CDF with one uniform per row (torch.multinomial draws one
-        exponential per vocabulary entry: 40% of a CPU decode step).
-        Returns tokens (B,), logprobs (B,) and per row the top (id, logprob) pairs.
-        """
-        params = [r.sampling for r in rows]
-        device, vocab = logits.device, logits.shape[-1]
-        greedy = torch.tensor([p.greedy for p in params], device=device)
-        temperature = torch.tensor(
-            [1.0 if p.greedy else p.temperature for p in params], device=device
-        )
-        top_k = torch.tensor(
-            [0 if p.greedy or p.top_k >= vocab else p.top_k for p in params], device=device
-        )
-        top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=device)
-
-        x = logits
-        if bool((temperature != 1).any()):
-            x = x / temperature[:, None]
-        if bool((top_k > 0).any()):
-            x = _apply_top_k(x, top_k.clamp(max=x.shape[-1]))
-        if bool((top_p < 1).any()):
-            x = _apply_top_p(x, top_p)
-        probs = x.softmax(dim=-1)  # (B, V)
-
-        uniform = torch.rand(len(params), generator=self._generator)
-        for i, request in enumerate(rows):
-            if request.generator is not None:  # seeded: independent of the batch around it
-                uniform[i] = torch.rand((), generator=request.generator)
-        cdf = probs.cumsum(dim=-1)  # (B, V)
-        # right=True never lands on a zero-probability token; u < cdf[:, -1] always.
-        u = uniform.to(device)[:, None] * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=x.shape[-1] - 1)
-        if bool(greedy.any()):
-            tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
-        # log of a float32 probability is accurate to ~1e-7 absolute, like log_softmax.
-        logprobs = probs.gather(1, tokens[:, None])[:, 0].log()
-
-        k = max(p.top_logprobs for p in params)
-        top = []
-        if k:
-            values, ids = probs.topk(k, dim=-1)
-            top = [  # tokens truncated away (probability 0) are not among the likely ones
-                [(i, v) for i, v in zip(row_ids, row_values, strict=True) if v > -math.inf]
-                for row_ids, row_values in zip(ids.tolist(), values.log().tolist(), strict=True)
-            ]
-        return tokens, logprobs, top
-
     def _finish_reason(self, request: _Request) -> FinishReason | None:
         token, sampling = request.output_ids[-1], request.sampling
         if token in self._eos_token_ids or token in sampling.stop_token_ids:
@@ -579,21 +568,3 @@ class LocalEngine:
         if len(request.output_ids) >= sampling.max_new_tokens:
             return "length"
         return None
-
-
-def _apply_top_k(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Mask all but each row's k largest logits (k 0: row untouched); ties at the kth kept."""
-    kth = x.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).clamp(min=0)[:, None])
-    return x.masked_fill((k[:, None] > 0) & (x < kth), -torch.inf)
-
-
-def _apply_top_p(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest set of most likely tokens whose mass reaches p (p 1: untouched)."""
-    rows = (p < 1).nonzero()[:, 0]
-    sorted_x, order = x[rows].sort(dim=-1, descending=True)
-    probs = sorted_x.softmax(dim=-1)
-    drop = probs.cumsum(dim=-1) - probs >= p[rows, None]  # mass before it already reaches p
-    drop[:, 0] = False  # the most likely token stays, whatever p (5e-324 is 0 in float32)
-    x = x.clone()
-    x[rows] = torch.empty_like(sorted_x).scatter(1, order, sorted_x.masked_fill(drop, -torch.inf))
-    return x

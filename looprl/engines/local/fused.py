@@ -5,43 +5,52 @@ Python and small tensor ops than in matrix multiplies: per layer it runs separat
 q/k/v and gate/up projections, recomputes rotary tables, grows a `DynamicCache` with
 `torch.cat` and builds a 4-D mask. This module does the same math with fused weights
 (one q|k|v matmul, one gate|up matmul), a rotary table computed once, and a KV cache
-preallocated as one tensor per K and V that new tokens are written into in place.
+preallocated as one tensor per K and V that new tokens are written into in place
+(`kv_cache.py`).
 
-On CPU, weights can also be
-reordered once into oneDNN's blocked layout (`packed=True`, `mkldnn._linear_pointwise`),
-faster than `F.linear` on decode shapes; where oneDNN cannot pack the dtype (bfloat16
-without AVX-512 BW/VL/DQ or AVX-NE-CONVERT, a GPU) the same forward runs plain
-`F.linear` (`precision.py` decides). Decode attention is two batched matmuls, several
-times faster than scaled_dot_product_attention's CPU kernel for one query row
-(`bench/engine_choices.py` measures both).
+Two sets of kernels (`kernels`, engine.kernels), the same math:
+- "cpu", tuned for CPUs. Weights can be reordered once into oneDNN's blocked layout
+  (`packed=True`, `mkldnn._linear_pointwise`), faster than `F.linear` on decode shapes;
+  where oneDNN cannot pack the dtype (bfloat16 without AVX-512 BW/VL/DQ or
+  AVX-NE-CONVERT) the same forward runs plain `F.linear` (`precision.py` decides).
+  Decode attention is two batched matmuls over K stored transposed, several times
+  faster than scaled_dot_product_attention's CPU kernel for one query row
+  (`bench/engine_choices.py` measures both).
+- "portable", plain torch that is right on any device, for GPUs (start-up picks it
+  there): `F.linear`, and scaled_dot_product_attention for prefill and decode alike,
+  reading the cache in place (views, no gather): K is stored as V is, (T, head_dim)
+  with a unit last stride, which GPU attention kernels require and the transposed cpu
+  layout lacks. At decode each KV head's `group` query heads are the query rows of one
+  SDPA head (query (slots, kv_heads, group, head_dim), one mask row per slot): grouped
+  query attention without `enable_gqa`, which CUDA's memory-efficient kernel does not
+  take and which makes the CPU kernel copy K and V per query head (~5x slower in bf16
+  here). On a CPU it is slower than "cpu" (`bench/engine.py --kernels both`).
 
 What it covers: decoder-only models whose layers are Llama's (Llama, Mistral without a
 sliding window, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms).
 `unsupported_reason` says why any other model is left to the Hugging Face forward.
 
-The cache. `SlotCache` holds V as (layers, slots, kv_heads, T, head_dim), K transposed. A
-sequence owns one slot from admission to finish, and its token at position p lives at
-column p. Slots and columns grow on demand (rounded up, never past the budget the
-engine checks with `fits`); the memory is kept for the next batch. Decode attends
-from every slot up to the highest in use, each row masked to its own length; a free
-slot's query is a zero row whose output is discarded.
+Decode attends from every slot up to the highest in use, each row masked to its own
+length; a free slot's query is a zero row whose output is discarded.
 
-`PrefixStore` keeps the K/V of prefixes computed earlier (a system prompt, a previous
-turn), so a prefill starts after the longest one its sequence begins with.
+Weight updates. `load` writes plain weights into the fused tensors it built before
+(slice copies, no allocation), and uses the model's own tensor where a weight is one
+tensor of the model (o, down, the LM head) and no adapter changes it: an update costs
+no memory beyond the model's own, which matters where the engine and a trainer share a
+GPU. Packed weights are packed anew.
 """
 
 from __future__ import annotations
-
-from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 
+from looprl.engines.local.kv_cache import SlotCache
 from looprl.types import LoraAdapter
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
-_SLOT_ROUND, _COLUMN_ROUND = 8, 64
+KERNELS = ("cpu", "portable")
 
 
 def unsupported_reason(cfg: PretrainedConfig) -> str | None:
@@ -63,16 +72,28 @@ def unsupported_reason(cfg: PretrainedConfig) -> str | None:
 
 
 class FusedDecoder:
-    """The fused-weight forward of `model` (already in the engine's dtype), its weights in
-    oneDNN's packed layout when `packed` (CPU only), else plain.
+    """The fused-weight forward of `model` (already in the engine's dtype) with `kernels`
+    "cpu" or "portable"; its weights in oneDNN's packed layout when `packed` (cpu
+    kernels on a CPU only), else plain.
 
-    `load(model)` rebuilds the fused weights after the model's parameters change.
+    `load(model)` updates the fused weights after the model's parameters change.
     """
 
-    def __init__(self, model: PreTrainedModel, *, packed: bool = False) -> None:
+    def __init__(
+        self, model: PreTrainedModel, *, packed: bool = False, kernels: str = "cpu"
+    ) -> None:
         reason = unsupported_reason(model.config)
         if reason:
             raise ValueError(f"the fused forward cannot run this model: {reason}")
+        if kernels not in KERNELS:
+            raise ValueError(f"engine kernels={kernels!r} must be one of {', '.join(KERNELS)}")
+        if packed and kernels == "portable":
+            raise ValueError(
+                "engine.weight_layout=packed is the cpu kernels' oneDNN layout; the portable "
+                "kernels run plain F.linear: set engine.weight_layout=plain (or auto)"
+            )
+        self.kernels = kernels
+        self.keys_transposed = kernels == "cpu"  # the KV cache's K layout (kv_cache.py)
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
@@ -104,49 +125,64 @@ class FusedDecoder:
         self.qk_scale[: self.num_heads] = self.scale
         self.qk_scale = self.qk_scale.to(self.device)
         self.intermediate_size = cfg.intermediate_size
+        self.layers: list[tuple] = []  # per layer: norms, fused weights, bias (`load`)
+        self.lm_head: torch.Tensor | None = None
         self.load(model)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # so later loads may write into what the first one built
     def load(self, model: PreTrainedModel, adapter: LoraAdapter | None = None) -> None:
-        """(Re)build the fused weights from `model`'s current parameters, with `adapter`
-        (if any) merged into them: each fused weight W becomes W + B A (one addmm, which
-        accumulates in float32 and rounds once), `model` itself is left as it is. An
-        adapter that does not fit raises before anything changes."""
+        """Set the fused weights from `model`'s current parameters, with `adapter` (if any)
+        merged into them: each fused weight W becomes W + B A (one addmm, which
+        accumulates in float32 and rounds once), `model` itself is left as it is. Plain
+        weights are written into the tensors an earlier load built where shapes match;
+        packed ones are packed anew. An adapter that does not fit raises before anything
+        changes."""
         deltas = self._adapter_deltas(adapter)
         inner = model.model
-        pack = _pack if self.packed else lambda w: w
+        built = self.layers or [(None,) * 9] * self.num_layers
 
-        def fused(i: int, group: str, weight: torch.Tensor) -> torch.Tensor:
-            factors = deltas[i].get(group)
-            if factors is not None:
-                weight = torch.addmm(weight, *factors)
-            return pack(weight)
+        def fused(
+            old: torch.Tensor | None,
+            parts: list[torch.Tensor],
+            factors: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ) -> torch.Tensor:
+            if self.packed:
+                weight = torch.cat(parts) if len(parts) > 1 else parts[0]
+                return _pack(torch.addmm(weight, *factors) if factors else weight)
+            return _stack_into(old, parts, factors)
 
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = pack(model.get_output_embeddings().weight)
-        self.layers = []
-        for i, layer in enumerate(inner.layers):
+        self.lm_head = fused(self.lm_head, [model.get_output_embeddings().weight])
+        layers = []
+        for i, (layer, old) in enumerate(zip(inner.layers, built, strict=True)):
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.q_proj, attn.k_proj, attn.v_proj)
             bias = None
             if attn.q_proj.bias is not None:
-                bias = torch.cat([p.bias for p in projections])
+                bias = _stack_into(old[2], [p.bias for p in projections])
             q_norm = getattr(attn, "q_norm", None)
             k_norm = getattr(attn, "k_norm", None)
-            self.layers.append(
+            d = deltas[i]
+            layers.append(
                 (
                     layer.input_layernorm.weight,
-                    fused(i, "qkv", torch.cat([p.weight for p in projections])),
+                    fused(old[1], [p.weight for p in projections], d.get("qkv")),
                     bias,
                     None if q_norm is None else q_norm.weight,
                     None if k_norm is None else k_norm.weight,
-                    fused(i, "o", attn.o_proj.weight),
+                    fused(old[5], [attn.o_proj.weight], d.get("o")),
                     layer.post_attention_layernorm.weight,
-                    fused(i, "gu", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                    fused(i, "d", mlp.down_proj.weight),
+                    fused(old[7], [mlp.gate_proj.weight, mlp.up_proj.weight], d.get("gu")),
+                    fused(old[8], [mlp.down_proj.weight], d.get("d")),
                 )
             )
+        self.layers = layers
+
+    def weights(self) -> list[torch.Tensor]:
+        """Every tensor the forward reads its weights from (some are the model's own)."""
+        fixed = [self.embed, self.final_norm, self.lm_head]
+        return fixed + [w for layer in self.layers for w in layer if w is not None]
 
     def _adapter_deltas(
         self, adapter: LoraAdapter | None
@@ -271,15 +307,14 @@ class FusedDecoder:
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
             v = qkv[:, h + kv :]
             if extend:
-                cache.k[i, written_slots, :, :, written_columns] = k.transpose(1, 2)[rows, columns]
+                cache.keys[i, written_slots, :, written_columns] = k.transpose(1, 2)[rows, columns]
                 cache.v[i, written_slots, :, written_columns] = v.transpose(1, 2)[rows, columns]
-                keys = cache.k[i, slots, :, :, :width].transpose(-1, -2)
-                values = cache.v[i, slots, :, :width]
+                keys, values = cache.keys[i, slots, :, :width], cache.v[i, slots, :, :width]
                 out = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=visible, scale=1.0, enable_gqa=kv != h
                 )
             else:
-                cache.k[i, slots, :, :, :p] = k.transpose(-1, -2)
+                cache.keys[i, slots, :, :p] = k
                 cache.v[i, slots, :, :p] = v
                 out = F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=1.0, enable_gqa=kv != h
@@ -304,10 +339,11 @@ class FusedDecoder:
         # Every slot below `top` attends; row r of the batch is slot slots[r]. When the
         # rows are exactly slots 0..b-1 (the usual case) no scatter/gather is needed.
         in_order = top == b and bool((slots == torch.arange(b, device=slots.device)).all())
-        keys = torch.arange(width, device=ids.device)
+        columns = torch.arange(width, device=ids.device)
         limit = torch.zeros(top, dtype=torch.long, device=ids.device)
         limit[slots] = positions
-        hidden = (keys[None, :] > limit[:, None])[:, None, None, :]  # (top, 1, 1, width)
+        hidden = (columns[None, :] > limit[:, None])[:, None, None, :]  # (top, 1, 1, width)
+        visible = hidden.logical_not()  # SDPA's boolean mask: True where a row attends
         group = h // kv  # query heads per KV head
         if not in_order:  # free slots below `top` get a zero query, their output dropped
             query = torch.zeros(top, kv, group, d, dtype=self.dtype, device=ids.device)
@@ -317,16 +353,22 @@ class FusedDecoder:
             norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
             qkv = _linear(self._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
             q, k = self._rope(self._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
-            cache.k[i, slots, :, :, positions] = k
+            cache.keys[i, slots, :, positions] = k
             cache.v[i, slots, :, positions] = qkv[:, h + kv :]
             if in_order:
                 query = q.reshape(b, kv, group, d)
             else:
                 query[slots] = q.reshape(b, kv, group, d)
-            scores = torch.matmul(query, cache.k[i, :top, :, :, :width])
-            # softmax of bf16 accumulates in float32 inside the kernel.
-            probs = scores.masked_fill_(hidden, -torch.inf).softmax(dim=-1)
-            out = torch.matmul(probs, cache.v[i, :top, :, :width])  # (top, kv, group, d)
+            values = cache.v[i, :top, :, :width]
+            if self.kernels == "cpu":  # K^T stored as such, so no copy of the cache
+                scores = torch.matmul(query, cache.k[i, :top, :, :, :width])
+                # softmax of bf16 accumulates in float32 inside the kernel.
+                probs = scores.masked_fill_(hidden, -torch.inf).softmax(dim=-1)
+                out = torch.matmul(probs, values)  # (top, kv, group, d)
+            else:  # portable: a KV head's `group` query heads are its SDPA query rows
+                out = F.scaled_dot_product_attention(
+                    query, cache.keys[i, :top, :, :width], values, attn_mask=visible, scale=1.0
+                )
             if not in_order:
                 out = out[slots]
             x = x + _linear(out.reshape(b, h * d), wo)
@@ -346,193 +388,33 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
 
 
+def _stack_into(
+    old: torch.Tensor | None,
+    parts: list[torch.Tensor],
+    factors: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`parts` stacked by rows, plus B A where `factors` (B, A) are given. Written into
+    `old` (slice copies, then addmm_) where it has that shape and is not one of `parts`
+    (a tensor of the model, shared while no adapter changed it), else a new tensor; one
+    part and no factors is that part itself."""
+    if factors is None and len(parts) == 1:
+        return parts[0]
+    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    if old is None or old.shape != shape or _storage(old) in {_storage(p) for p in parts}:
+        stacked = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return stacked if factors is None else torch.addmm(stacked, *factors)
+    row = 0
+    for part in parts:
+        old[row : row + part.shape[0]].copy_(part)
+        row += part.shape[0]
+    return old if factors is None else old.addmm_(*factors)
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-class SlotCache:
-    """K and V of the running sequences, one tensor each for all layers.
-
-    V is (layers, slots, kv_heads, T, head_dim); K is stored transposed, (layers,
-    slots, kv_heads, head_dim, T). Decode reads only the first `width` columns (at
-    decode the cache read is as large as the weights', both memory-bound). In bf16,
-    bmm copies such a column slice first (its batch stride is not width x head_dim),
-    ~15% of a decode step at 64 rows; attending over every column instead, with the
-    columns grown as sequences lengthen, saved that but lost it again to the copies
-    each growth makes, so the columns are reserved up front. (With K as (T, head_dim)
-    its sliced transpose cost more: ~1.7x slower, `bench/engine_choices.py`.)
-
-    With no rows (`clear`), the memory is kept and viewed in the next batch's shape:
-    allocating and zeroing it again costs ~0.5 s for 64 slots x 192 columns of
-    SmolLM2-135M. Columns beyond a row's length hold finite leftovers, masked out.
-    """
-
-    def __init__(self, decoder: FusedDecoder, budget_tokens: int) -> None:
-        self._decoder = decoder
-        self.budget_tokens = budget_tokens
-        self._storage = (torch.zeros(0, dtype=decoder.dtype, device=decoder.device),) * 2
-        self.clear()
-
-    def _view(self, slots: int, columns: int) -> None:
-        """K and V as (slots, columns) views of the start of their storage."""
-        d = self._decoder
-        outer = (d.num_layers, slots, d.num_kv_heads)
-        numel = d.num_layers * slots * d.num_kv_heads * d.head_dim * columns
-        k, v = (storage[:numel] for storage in self._storage)
-        self.k = k.view(*outer, d.head_dim, columns)
-        self.v = v.view(*outer, columns, d.head_dim)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(slots, columns) in use."""
-        return self.v.shape[1], self.v.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated (K and V), including any kept from an earlier, larger batch."""
-        return sum(s.nbytes for s in self._storage)
-
-    def fits(self, slots: int, columns: int) -> bool:
-        """Whether `slots` sequences of up to `columns` tokens stay within the budget."""
-        return slots * columns <= self.budget_tokens
-
-    def reserve(self, slots: int, columns: int) -> None:
-        """Grow to at least (slots, columns), rounded up but within the budget.
-
-        The caller asks for slots up to the highest in use and columns up to the longest
-        row, so slots or columns beyond those (kept from earlier rounding) are dropped
-        when keeping them would pass the budget.
-        """
-        have_slots, have_columns = self.shape
-        if slots <= have_slots and columns <= have_columns:
-            return
-        if self.fits(max(slots, have_slots), max(columns, have_columns)):
-            slots, columns = max(slots, have_slots), max(columns, have_columns)
-        elif self.fits(slots, max(columns, have_columns)):
-            columns = max(columns, have_columns)
-        elif self.fits(max(slots, have_slots), columns):
-            slots = max(slots, have_slots)
-        rounded_slots = -(-slots // _SLOT_ROUND) * _SLOT_ROUND
-        rounded_columns = -(-columns // _COLUMN_ROUND) * _COLUMN_ROUND
-        if self.fits(rounded_slots, columns):
-            slots = rounded_slots
-        if self.fits(slots, rounded_columns):
-            columns = rounded_columns
-        old_k, old_v = self.k, self.v
-        d = self._decoder
-        numel = d.num_layers * slots * d.num_kv_heads * d.head_dim * columns
-        if old_v.numel() or numel > self._storage[0].numel():
-            # zeros: V must be finite where no token was written (0 x NaN is NaN)
-            self._storage = tuple(
-                torch.zeros(numel, dtype=d.dtype, device=d.device) for _ in range(2)
-            )
-        self._view(slots, columns)
-        kept_slots, kept_columns = min(slots, have_slots), min(columns, have_columns)
-        self.k[:, :kept_slots, ..., :kept_columns] = old_k[:, :kept_slots, ..., :kept_columns]
-        self.v[:, :kept_slots, :, :kept_columns] = old_v[:, :kept_slots, :, :kept_columns]
-
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, columns: int) -> None:
-        """Copy the first `columns` of slots `src` into slots `dst` (pairwise)."""
-        self.k[:, dst, ..., :columns] = self.k[:, src, ..., :columns]
-        self.v[:, dst, :, :columns] = self.v[:, src, :, :columns]
-
-    def clear(self) -> None:
-        """No rows hold K/V any more: shape (0, 0), memory kept for the next batch."""
-        self._view(0, 0)
-
-    def release(self) -> None:
-        """Free the memory."""
-        self._storage = tuple(s[:0].clone() for s in self._storage)
-        self.clear()
-
-
-class PrefixStore:
-    """K/V of token sequences computed earlier, for new sequences that start the same way.
-
-    Entries are the shared prefix of a prefill batch (a system prompt, a few-shot
-    preamble) and every finished sequence (a multi-turn session's next prompt extends
-    its previous one). A new sequence takes the longest match among entries, as long
-    as at least `min_tokens` match, and its prefill starts after it. Entries are
-    evicted least recently used beyond `capacity_tokens`; an entry that is a prefix of
-    a newer one is dropped, the newer one serving both. K/V computed under old weights
-    are useless, so the runner clears the store on every weight update.
-    """
-
-    def __init__(self, capacity_tokens: int, min_tokens: int = 16) -> None:
-        self.capacity_tokens = capacity_tokens
-        self.min_tokens = min_tokens
-        self._entries: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
-            OrderedDict()
-        )
-        self.tokens = 0  # held
-        self.reused_tokens = 0  # prefill tokens skipped thanks to the store, since creation
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def match(self, sequence: tuple[int, ...]) -> tuple[tuple[int, ...] | None, int]:
-        """The entry sharing the longest prefix with `sequence`, and how many tokens of it
-        are usable (at least one token of `sequence` is always left to compute)."""
-        best, best_length = None, 0
-        for key in self._entries:
-            length = min(common_prefix_length(key, sequence), len(sequence) - 1)
-            if length > best_length:
-                best, best_length = key, length
-        if best_length < self.min_tokens:
-            return None, 0
-        return best, best_length
-
-    def restore(self, sequence: tuple[int, ...], cache: SlotCache, slot: int) -> int:
-        """Copy the K/V of `sequence`'s longest stored prefix into `slot`; its length."""
-        key, length = self.match(sequence)
-        if key is None:
-            return 0
-        k, v = self._entries[key]
-        self._entries.move_to_end(key)
-        cache.k[:, slot, ..., :length] = k[..., :length]
-        cache.v[:, slot, :, :length] = v[:, :, :length]
-        self.reused_tokens += length
-        return length
-
-    def save(self, tokens: tuple[int, ...], cache: SlotCache, slot: int) -> None:
-        """Keep the K/V of `tokens`, which `slot` holds in its first len(tokens) columns."""
-        n = len(tokens)
-        if n < self.min_tokens or n > self.capacity_tokens:
-            return
-        if tokens in self._entries:
-            self._entries.move_to_end(tokens)
-            return
-        for key in [key for key in self._entries if tokens[: len(key)] == key]:
-            self._drop(key)
-        while self.tokens + n > self.capacity_tokens:
-            self._drop(next(iter(self._entries)))
-        self._entries[tokens] = (
-            cache.k[:, slot, ..., :n].clone(),
-            cache.v[:, slot, :, :n].clone(),
-        )
-        self.tokens += n
-
-    def _drop(self, key: tuple[int, ...]) -> None:
-        del self._entries[key]
-        self.tokens -= len(key)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.tokens = 0
-
-
-def common_prefix_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length of the common prefix of `a` and `b` (binary search over C-speed compares)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
-    while high - low > 1:
-        middle = (low + high) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle
-    return low

@@ -17,10 +17,15 @@ running sequences in the engine's order; new rows are appended at the end.
   the model's own (base) weights are not touched. The fused runner merges it into its
   fused weights (W + B A, rebuilt from the base each time, so versions never drift);
   the Hugging Face one adds a low-rank term after each adapted module.
+- `set_budget(tokens)`: the KV budget `fits` checks from now on; cache memory beyond
+  it is released once no row is running (rows running past it keep their cache).
+- `memory_bytes()`: {"weights": bytes of the model's parameters and the runner's own
+  weight tensors, shared storage counted once, "kv_cache": bytes of the KV cache}.
 
-`FusedRunner` (Llama-family models, `fused.py`) keeps a preallocated slot cache and
-shares one prefill among identical prompts (the samples of a GRPO group).
-`HFRunner` runs any causal LM through its Hugging Face forward and a `DynamicCache`.
+`FusedRunner` (Llama-family models, `fused.py`, with the cpu or portable kernels) keeps
+a preallocated slot cache (`kv_cache.py`) and shares one prefill among identical
+prompts (the samples of a GRPO group). `HFRunner` runs any causal LM through its
+Hugging Face forward and a `DynamicCache`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from looprl.engines.local.fused import FusedDecoder, PrefixStore, SlotCache, common_prefix_length
+from looprl.engines.local.fused import FusedDecoder
+from looprl.engines.local.kv_cache import PrefixStore, SlotCache, common_prefix_length
 from looprl.types import LoraAdapter
 
 
@@ -41,8 +47,9 @@ class FusedRunner:
         prefix_cache_tokens: int = 0,
         *,
         packed: bool = False,
+        kernels: str = "cpu",
     ) -> None:
-        self._decoder = FusedDecoder(model, packed=packed)
+        self._decoder = FusedDecoder(model, packed=packed, kernels=kernels)
         self._model = model  # the base: an adapter is merged into the fused copy only
         self._device = model.device
         self.cache = SlotCache(self._decoder, budget_tokens)
@@ -60,6 +67,15 @@ class FusedRunner:
         self._decoder.load(self._model, adapter)
         if self.prefixes is not None:
             self.prefixes.clear()
+
+    def set_budget(self, tokens: int) -> None:
+        self.cache.budget_tokens = tokens
+        if not self._slots:
+            self.cache.clear()  # releases memory the budget no longer allows
+
+    def memory_bytes(self) -> dict[str, int]:
+        tensors = [*self._model.parameters(), *self._decoder.weights()]
+        return {"weights": _unique_bytes(tensors), "kv_cache": self.cache.nbytes}
 
     def fits(self, reserved: list[int]) -> bool:
         top = max([*self._slots, -1]) + 1
@@ -200,6 +216,14 @@ class HFRunner:
 
             self._adapter_hooks.append(module.register_forward_hook(add_lowrank))
 
+    def set_budget(self, tokens: int) -> None:
+        self._budget_tokens = tokens  # the cache is freed whenever no row is running
+
+    def memory_bytes(self) -> dict[str, int]:
+        layers = self._cache.layers if self._cache is not None else []
+        kv = sum(t.nbytes for layer in layers for t in (layer.keys, layer.values))
+        return {"weights": _unique_bytes(list(self._model.parameters())), "kv_cache": kv}
+
     def fits(self, reserved: list[int]) -> bool:
         return sum(reserved) <= self._budget_tokens
 
@@ -281,3 +305,16 @@ def _left_pad(t: torch.Tensor, size: int, dim: int = 2) -> torch.Tensor:
         return t
     pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
     return F.pad(t, pad)
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes held by `tensors`, each storage once (views and shared weights count once;
+    oneDNN-packed tensors, which expose no storage, by their own size)."""
+    sizes = {}
+    for t in tensors:
+        if t.is_mkldnn:
+            sizes[id(t)] = t.numel() * t.element_size()
+        else:
+            storage = t.untyped_storage()
+            sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values())
