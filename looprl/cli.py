@@ -204,6 +204,9 @@ def serve(
     dtype: Annotated[
         str, typer.Option(help="auto (chosen from this machine), float32 or bfloat16.")
     ] = "auto",
+    device: Annotated[
+        str, typer.Option(help="auto (the first CUDA device, else the CPU), cpu, cuda, cuda:N.")
+    ] = "auto",
     name: Annotated[str, typer.Option(help="Model name reported by /v1/models.")] = "policy",
     api_key: Annotated[
         str | None,
@@ -227,6 +230,7 @@ def serve(
             host=host,
             port=port,
             dtype=dtype,
+            device=device,
             model_name=name,
             api_key=api_key,
             no_auth=no_auth,

@@ -49,7 +49,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -192,9 +192,13 @@ class EnginePrecision:
     weight_layout: str  # packed | plain (the local engine's fused forward)
     reason: str
     warning: str | None = None  # an explicit choice measured slower than the alternative
+    # The local engine's fused-forward kernels: cpu (oneDNN packing, batched-matmul decode
+    # attention) | portable (plain torch: F.linear, scaled_dot_product_attention; any device)
+    kernels: str = "cpu"
 
     def describe(self) -> str:
-        return f"engine {self.dtype}, {self.weight_layout} weights ({self.reason})"
+        kernels = ", portable kernels" if self.kernels == "portable" else ""
+        return f"engine {self.dtype}, {self.weight_layout} weights{kernels} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -314,10 +318,15 @@ def _time(fns: dict, reference, rounds: int = 5, calls: int = 3) -> dict:
 
 
 def decide_engine(
-    requested_dtype: str, requested_layout: str, found: Probe, *, remote_url: bool = False
+    requested_dtype: str,
+    requested_layout: str,
+    found: Probe,
+    *,
+    remote_url: bool = False,
+    requested_kernels: str = "auto",
 ) -> EnginePrecision:
-    """The engine's dtype and weight layout for the requested values (each may be
-    'auto') on the machine `found` describes. Raises PrecisionError for a choice that
+    """The engine's dtype, weight layout and kernels for the requested values (each may
+    be 'auto') on the machine `found` describes. Raises PrecisionError for a choice that
     cannot run here."""
     if remote_url:
         if requested_dtype != "auto":
@@ -325,7 +334,22 @@ def decide_engine(
         why = "the server at engine.url casts what it loads to its own dtype"
         return EnginePrecision("bfloat16", "plain", why)
     if found.device != "cpu":
-        return _engine_on_gpu(requested_dtype, requested_layout, found)
+        if requested_kernels == "cpu":
+            raise PrecisionError(
+                f"engine.kernels=cpu are the CPU-tuned kernels (oneDNN) and the engine runs "
+                f"on {found.device} ({found.capability}): set engine.kernels=auto or portable"
+            )
+        return replace(_engine_on_gpu(requested_dtype, requested_layout, found), kernels="portable")
+    if requested_kernels == "portable":
+        if requested_layout == "packed":
+            raise PrecisionError(
+                "engine.weight_layout=packed is the cpu kernels' layout (oneDNN), and "
+                "engine.kernels=portable runs plain F.linear: set engine.weight_layout=auto "
+                "or engine.kernels=auto"
+            )
+        decided = decide_engine(requested_dtype, "plain", found)
+        why = f"{decided.reason}; plain weights and portable kernels: engine.kernels=portable"
+        return replace(decided, reason=why, kernels="portable")
     fast, why = _bf16_is_fast(found, found.engine_speedup(), "a bfloat16 matmul")
     dtype, warning = requested_dtype, None
     if requested_dtype == "auto":
@@ -434,7 +458,13 @@ class Precision:
 
 def engine_precision(cfg: EngineConfig, found: Probe) -> EnginePrecision:
     """`decide_engine` for an engine config."""
-    return decide_engine(cfg.dtype, cfg.weight_layout, found, remote_url=cfg.url is not None)
+    return decide_engine(
+        cfg.dtype,
+        cfg.weight_layout,
+        found,
+        remote_url=cfg.url is not None,
+        requested_kernels=cfg.kernels,
+    )
 
 
 def layer_shape(config) -> tuple[int, int]:

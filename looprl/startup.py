@@ -19,10 +19,13 @@ workflow and reward are opened through `Setup.open_workflow(task)`, an async con
 that opens the reward (serving the judge where it needs a local engine), builds the
 workflow on it, and closes both.
 
-Devices: the engine and the trainer run on the CPU in one process; a vLLM/SGLang
-server this run launches runs on the GPUs when there are any (its precision is decided
-for them). Under Ray, an actor given GPUs runs on its GPU (`Setup.on_gpu`, decided in
-the driver from a probe of one of the cluster's GPUs).
+Devices: `run.device` (auto: the first CUDA device torch sees, else the CPU) is decided
+here, in `decide_device`, from the CUDA devices torch lists; the local engine, the
+trainer, its reference and teacher models and the judge's engine run there, and the
+precision of each is decided for that device. A vLLM/SGLang server this run launches
+runs on the GPUs when there are any (its precision is decided for them). Under Ray, an
+actor given GPUs runs on its GPU (`Setup.on_gpu`, decided in the driver from a probe of
+one of the cluster's GPUs).
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from typing import Any
 
 import torch
 
-from looprl import precision
+from looprl import memory, precision
 from looprl.config import Config, EngineConfig
 from looprl.engines.local.engine import LocalEngine
 from looprl.engines.local.fused import unsupported_reason
+from looprl.memory import MemoryPlan, ModelSizes, configured, device_memory
 from looprl.models import ModelFiles, resolve_model
 from looprl.precision import EnginePrecision, Precision, Probe, TrainPrecision
 from looprl.rewards import needs_judge_engine
@@ -77,6 +81,16 @@ class Setup:
     paths: RunPaths
     teacher: ModelFiles | None = None
     judge: LocalModel | None = None
+    memory: MemoryPlan | None = None  # None: the configured budgets (memory.configured)
+
+    @property
+    def budgets(self) -> MemoryPlan:
+        """Tokens per training micro-batch and engine K/V tokens, as decided."""
+        if self.memory is not None:
+            return self.memory
+        cfg = self.cfg
+        why = "the configured budgets"
+        return configured(cfg.train.max_tokens_per_mb, cfg.engine.max_tokens_per_batch, why)
 
     @asynccontextmanager
     async def open_workflow(self, task: Any) -> AsyncIterator[OpenedWorkflow]:
@@ -103,19 +117,23 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     that is not there or a precision this machine cannot run, before anything starts."""
     model = resolve_model(cfg.model.path)
     model.tokenizer  # noqa: B018 (read now: a folder without one fails at start-up)
-    device = _device()
+    gpus = cuda_devices()
+    device, why = decide_device(cfg.run.device, gpus)
     engine_device = device
-    if cfg.engine.type != "local" and torch.cuda.is_available():
-        engine_device = torch.device("cuda")  # a vLLM/SGLang server launched here: the GPUs
+    if cfg.engine.type != "local" and gpus:
+        engine_device = torch.device("cuda", 0)  # a vLLM/SGLang server launched here: the GPUs
     decided = choose(cfg, model, engine_device, device)
     teacher = None
     if train and cfg.train.teacher_path:
         teacher = resolve_model(cfg.train.teacher_path)
     judge = None
     if needs_judge_engine(cfg) and uses_configured_reward(cfg):
-        judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig())
-    setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge)
-    log.info("%s", describe(setup))
+        judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig(), cfg.run.device)
+    plan = _memory_plan(cfg, model, device, decided, train=train)
+    setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge, plan)
+    log.info("%s (%s)", describe(setup), why)
+    if plan is not None:
+        log.info("%s", plan.describe())
     return setup
 
 
@@ -143,10 +161,11 @@ async def on_ray_gpu(setup: Setup) -> Setup:
     return setup.on_gpu(await task.remote("cuda", *shape))
 
 
-def serve_on_local_engine(spec: str, engine: EngineConfig) -> LocalModel:
-    """The model `spec` resolved, and the device and precision of a local engine serving
-    it under `engine`'s settings (the judge's engine; `looprl serve`)."""
-    files, device = resolve_model(spec), _device()
+def serve_on_local_engine(spec: str, engine: EngineConfig, device: str = "auto") -> LocalModel:
+    """The model `spec` resolved, and the device (`device`: a run.device setting) and
+    precision of a local engine serving it under `engine`'s settings (the judge's
+    engine; `looprl serve`)."""
+    files, (device, _) = resolve_model(spec), decide_device(device, cuda_devices())
     files.tokenizer  # noqa: B018 (read now: a folder without one fails here)
     found = precision.probe(device, *precision.layer_shape(files.config))
     decided = _engine_precision(engine.model_copy(update={"type": "local"}), files, found)
@@ -154,31 +173,91 @@ def serve_on_local_engine(spec: str, engine: EngineConfig) -> LocalModel:
     return LocalModel(files, decided, device)
 
 
-def _device() -> torch.device:
-    """Where the local engine and the trainer run: the CPU. (A vLLM/SGLang server runs
-    where it was launched; Ray actors given a GPU run on it: `Setup.on_gpu`.)"""
-    return torch.device("cpu")
+def _memory_plan(
+    cfg: Config, model: ModelFiles, device: torch.device, decided: Precision, *, train: bool
+) -> MemoryPlan | None:
+    """The memory plan on a GPU (looprl/memory.py); None elsewhere (configured budgets)."""
+    found = device_memory(device)
+    if found is None:
+        return None
+    train_uses = train and cfg.train.kl_coef > 0 and not cfg.model.lora.enabled
+    extra = int(train_uses) + int(train and bool(cfg.train.teacher_path))
+    return memory.plan(
+        total=found.total,
+        free=found.free,
+        sizes=ModelSizes.of(model.config),
+        master=cfg.model.dtype,
+        compute=decided.train.dtype,
+        autocast=decided.train.autocast,
+        lora=cfg.model.lora.enabled,
+        extra_models=extra,
+        engine_dtype=decided.engine.dtype if cfg.engine.type == "local" else None,
+        checkpointing=cfg.train.activation_checkpointing,
+        train=train,
+        train_tokens=cfg.train.max_tokens_per_mb,
+        engine_cap=cfg.engine.max_tokens_per_batch,
+        engine_fraction=cfg.engine.memory_fraction,
+        device=str(device),
+    )
+
+
+def cuda_devices() -> list[str]:
+    """The names of the CUDA devices torch sees here, by index (none without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def decide_device(setting: str, cuda: list[str]) -> tuple[torch.device, str]:
+    """The device for `setting` (a run.device value: auto, cpu, cuda, cuda:N) on a machine
+    whose CUDA devices are named `cuda` (by index), and why. Raises ValueError for a
+    CUDA device that is not there, naming those that are."""
+    if setting == "cpu":
+        return torch.device("cpu"), "run.device=cpu"
+    if setting == "auto":
+        if not cuda:
+            return torch.device("cpu"), "run.device=auto: torch sees no CUDA device"
+        others = f" (of {len(cuda)} visible)" if len(cuda) > 1 else ""
+        return torch.device("cuda", 0), f"run.device=auto: the first CUDA device{others}"
+    index = torch.device(setting).index or 0
+    if not cuda:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        raise ValueError(
+            f"run.device={setting}: torch sees no CUDA device here (torch {torch.__version__}, "
+            f"{build}); set run.device=auto or cpu"
+        )
+    if index >= len(cuda):
+        listed = ", ".join(f"cuda:{i} ({name})" for i, name in enumerate(cuda))
+        raise ValueError(
+            f"run.device={setting}: this machine has {len(cuda)} CUDA device(s): {listed}; "
+            "set run.device to one of them, or auto"
+        )
+    return torch.device("cuda", index), f"run.device={setting}"
 
 
 def describe(setup: Setup) -> str:
     """The start-up log line: what runs where, in what precision, and why."""
-    cfg, where = setup.cfg, _where(setup.device)
     adapter = f", LoRA adapter {setup.model.adapter}" if setup.model.adapter else ""
-    if cfg.engine.type == "local":
-        parts = f"engine (local) and trainer on {where}"
-    else:
-        server = "its server's devices" if cfg.engine.url else "the server it launches"
-        parts = f"engine ({cfg.engine.type}) on {server}, trainer on {where}"
     return (
         f"Start-up: model {setup.model.name} ({setup.model.context_length} tokens of "
-        f"context{adapter}); {parts}; {setup.precision.line()}; run dir {setup.paths.root}"
+        f"context{adapter}); {placement(setup.cfg, setup.device)}; {setup.precision.line()}; "
+        f"run dir {setup.paths.root}"
     )
+
+
+def placement(cfg: Config, device: torch.device) -> str:
+    """Which part runs where: 'engine (local) and trainer on cuda:0 (NVIDIA H100 80GB HBM3)'."""
+    where = _where(device)
+    if cfg.engine.type == "local":
+        return f"engine (local) and trainer on {where}"
+    server = "its server's devices" if cfg.engine.url else "the server it launches"
+    return f"engine ({cfg.engine.type}) on {server}, trainer on {where}"
 
 
 def _where(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({precision.cpu().describe()})"
+    return f"{device} ({precision.cpu().describe()})"
 
 
 def _engine_precision(cfg: EngineConfig, model: ModelFiles, found: Probe) -> EnginePrecision:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from looprl import precision, runtime
+from looprl import precision, runtime, startup
 from looprl.config import Config
 from looprl.diagnostics.checks import Check
 from looprl.diagnostics.rendering import check_rendering
@@ -67,34 +67,44 @@ def check_cpu() -> Check:
 
 
 def check_precision(cfg: Config) -> list[Check]:
-    """What the engine and the trainer would run in here (`auto` or the config's choice),
-    what forcing the other dtype would cost, and whether an explicit choice can run."""
+    """Where each part would run (run.device, decided as start-up decides it), what the
+    engine and the trainer would compute in there (`auto` or the config's choice), what
+    forcing the other dtype would cost on a CPU, and whether an explicit choice can run."""
     try:
-        shape = precision.layer_shape(resolve_model(cfg.model.path).config)
+        model = resolve_model(cfg.model.path)
     except (OSError, ValueError) as e:
         return [Check("precision", "warn", f"cannot read model.path={cfg.model.path!r}: {e}")]
-    found = precision.probe("cpu", *shape)
-    checks = []
+    try:
+        device, why = startup.decide_device(cfg.run.device, startup.cuda_devices())
+    except ValueError as e:
+        return [Check("device", "fail", str(e), "set run.device=auto")]
+    checks = [Check("device", "ok", f"{startup.placement(cfg, device)} ({why})")]
+    found = precision.probe(device, *precision.layer_shape(model.config))
+    on_cpu = found.device == "cpu"
     try:
         engine = precision.engine_precision(cfg.engine, found)
     except precision.PrecisionError as e:
-        fix = "set engine.dtype=auto and engine.weight_layout=auto"
+        fix = "set engine.dtype, engine.weight_layout and engine.kernels to auto"
         checks.append(Check("engine precision", "fail", str(e), fix))
     else:
-        speedup = found.engine_speedup()
+        speedup = found.engine_speedup() if on_cpu else None
         checks.append(_precision_check("engine", engine, speedup, "engine.dtype"))
     try:
         train = precision.decide_train(cfg.train.compute_dtype, cfg.model.dtype, found)
     except precision.PrecisionError as e:
         checks.append(Check("training precision", "fail", str(e), "set train.compute_dtype=auto"))
     else:
-        speedup = found.train_speedup()
+        speedup = found.train_speedup() if on_cpu else None
         checks.append(_precision_check("training", train, speedup, "train.compute_dtype"))
     return checks
 
 
-def _precision_check(part: str, chosen, speedup: float, field: str) -> Check:
-    """A decision, and the cost of the other dtype: 'forcing float32 costs 2.1x'."""
+def _precision_check(part: str, chosen, speedup: float | None, field: str) -> Check:
+    """A decision, and on a CPU the cost of the other dtype: 'forcing float32 costs 2.1x'
+    (`speedup`: bf16 over float32 as measured; None where nothing was timed, a GPU)."""
+    if speedup is None:
+        status = "warn" if chosen.warning else "ok"
+        return Check(f"{part} precision", status, chosen.describe())
     other = "float32" if chosen.dtype == "bfloat16" else "bfloat16"
     factor = speedup if chosen.dtype == "bfloat16" else 1 / speedup
     if factor >= 1:

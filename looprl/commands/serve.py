@@ -29,6 +29,7 @@ def serve_model(
     model_name: str | None = None,
     api_key: str | None = None,
     no_auth: bool = False,
+    device: str = "auto",
 ) -> None:
     """Serve a model at `http://host:port/v1` (no sessions) until Ctrl-C or SIGTERM.
 
@@ -42,7 +43,7 @@ def serve_model(
             "(--api-key KEY, or LOOPRL_API_KEY) that clients send as `Authorization: "
             "Bearer KEY`, or pass --no-auth if anyone who can reach it may use it"
         )
-    asyncio.run(_serve_model(model_path, host, port, dtype, model_name, api_key))
+    asyncio.run(_serve_model(model_path, host, port, dtype, device, model_name, api_key))
 
 
 async def _serve_model(
@@ -50,12 +51,13 @@ async def _serve_model(
     host: str,
     port: int,
     dtype: str,
+    device: str,
     model_name: str | None,
     api_key: str | None,
 ) -> None:
     if model_name is None:
         model_name = DEFAULT_MODEL_NAME if model_path == DEFAULT_MODEL else Path(model_path).name
-    local = startup.serve_on_local_engine(model_path, EngineConfig(dtype=dtype))
+    local = startup.serve_on_local_engine(model_path, EngineConfig(dtype=dtype), device)
     engine = local.engine()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -38,6 +38,14 @@ class EngineConfig(Section):
         "max_new_tokens (fused) or the sum of prompt + max_new_tokens (hf). Requests beyond "
         "it wait their turn.",
     )
+    memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Local engine on a GPU it shares with the trainer: the share of the "
+        "GPU's memory its weights and K/V take (max_tokens_per_batch still caps the K/V). "
+        "None: what the trainer leaves, estimated at start and measured at the first step.",
+    )
     batch_wait_ms: float = Field(
         5.0, ge=0, description="How long the batcher waits for more requests to join a batch."
     )
@@ -53,6 +61,15 @@ class EngineConfig(Section):
         description="Forward used by the local engine: 'fused' (Llama-family models: fused "
         "weights, preallocated KV slots, one prefill per group), 'hf' (any causal LM, through "
         "its Hugging Face forward); 'auto' picks fused when the model supports it.",
+    )
+    kernels: Literal["auto", "cpu", "portable"] = Field(
+        "auto",
+        description="Kernels of the local engine's fused forward: 'cpu' (tuned for CPUs: "
+        "weights in oneDNN's packed layout where they pack, decode attention as two batched "
+        "matmuls over a transposed K cache), 'portable' (plain torch that is right on any "
+        "device: F.linear, scaled_dot_product_attention reading the KV cache in place); "
+        "auto: cpu on a CPU, portable on a GPU. Forcing portable on a CPU runs the code a "
+        "GPU runs (slower there: BENCHMARKS.md).",
     )
     url: str | None = Field(
         None,
@@ -119,7 +136,7 @@ class EngineConfig(Section):
             if getattr(self, n) != f.get_default(call_default_factory=True)
         ]
         local_only = ["max_batch_size", "max_tokens_per_batch", "batch_wait_ms"]
-        local_only += ["prefix_cache_tokens", "impl", "weight_layout"]
+        local_only += ["prefix_cache_tokens", "impl", "weight_layout", "kernels", "memory_fraction"]
         launch = ["tensor_parallel_size", "gpu_memory_fraction", "kv_cache_gib"]
         launch += ["attention_backend", "max_model_len", "server_args", "venv"]
         for name in changed:

@@ -37,6 +37,21 @@ class RunConfig(Section):
     trial_name: str = Field("trial0", description="Run dir: fileroot/experiment/trial.")
     seed: int = Field(0, description="Seed for torch, sampling and data order.")
     log_level: Literal["DEBUG", "INFO", "WARNING"] = Field("INFO", description="Log level.")
+    device: str = Field(
+        "auto",
+        description="Where the local engine, the trainer and its reference/teacher models "
+        "run: auto (the first CUDA device torch sees, else the CPU), cpu, cuda or cuda:N. "
+        "Decided once at start-up, which logs it; a vLLM/SGLang server launched here uses "
+        "the GPUs whatever this says.",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _a_device_torch_names(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if value in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+            return value
+        raise ValueError(f"run.device={value!r} must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
 
     @model_validator(mode="after")
     def _names_are_folder_names(self) -> RunConfig:

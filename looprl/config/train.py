@@ -113,8 +113,12 @@ class TrainConfig(Section):
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch.")
-    max_tokens_per_mb: int = Field(
-        4096, ge=16, description="Token budget of one micro-batch (first-fit-decreasing packing)."
+    max_tokens_per_mb: int | None = Field(
+        None,
+        ge=16,
+        description="Token budget of one micro-batch (first-fit-decreasing packing). None: "
+        "4096 on a CPU; on a GPU, derived at start from its free memory and the model's "
+        "size (logged as 'Memory: ...').",
     )
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",

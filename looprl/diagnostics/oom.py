@@ -13,11 +13,13 @@ import torch
 OOM_ADVICE = {
     "engine load": "load the model in bfloat16 (engine.dtype=bfloat16) or use a smaller model",
     "generation": "lower engine.max_tokens_per_batch (the KV budget), engine.max_batch_size "
-    "or rollout.max_concurrent_rollouts",
+    "or rollout.max_concurrent_rollouts; on a GPU shared with the trainer, set "
+    "engine.memory_fraction to the share the engine may take",
     "logprob recomputation": "lower train.max_tokens_per_mb (tokens per forward pass)",
     "training": "lower train.max_tokens_per_mb (tokens per micro-batch; gradients add up "
-    "the same), set train.compute_dtype=bfloat16 where the device has bf16, or split the "
-    "data-parallel work over more ranks",
+    "the same), set train.compute_dtype=bfloat16 where the device has bf16, set "
+    "train.activation_checkpointing=true, lower engine.memory_fraction where the engine "
+    "shares the GPU, or split the data-parallel work over more ranks",
 }
 
 

@@ -12,8 +12,9 @@ one, or (engine.type=vllm/sglang) an adapter to a server process it launches, in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,10 @@ from torch import nn
 from looprl.diagnostics.oom import oom_phase
 from looprl.engines.base import Engine
 from looprl.engines.launch import start_engine
+from looprl.engines.local.engine import LocalEngine
 from looprl.engines.pool import EnginePool
 from looprl.engines.servers.server_engine import ServerEngine
+from looprl.memory import ModelSizes, device_memory, kv_tokens_after_step, peak_allocated
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
@@ -41,16 +44,32 @@ class LocalTrainer:
     calls. A step runs in a worker thread, so that the event loop (gateway, workflows,
     timeouts) stays live."""
 
-    def __init__(self, trainer: Trainer, engine: Engine, *, save_merged: bool = False):
+    def __init__(
+        self,
+        trainer: Trainer,
+        engine: Engine,
+        *,
+        save_merged: bool = False,
+        resize_kv: Callable[[int], Awaitable[None]] | None = None,
+    ):
         self.trainer, self.engine = trainer, engine
         self.save_merged = save_merged
+        # Collocated on a GPU: called once, with the first step's peak bytes allocated.
+        self._resize_kv = resize_kv
 
     @property
     def version(self) -> int:
         return self.trainer.version
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return await asyncio.to_thread(self.trainer.train_step, batch)
+        device = self.trainer.device
+        if self._resize_kv is not None:
+            peak_allocated(device, reset=True)
+        stats = await asyncio.to_thread(self.trainer.train_step, batch)
+        if self._resize_kv is not None:
+            resize, self._resize_kv = self._resize_kv, None
+            await resize(peak_allocated(device))
+        return stats
 
     async def step_logprobs(self) -> torch.Tensor | None:
         return self.trainer.step_logprobs
@@ -101,9 +120,38 @@ async def start_single_process(
             setup, engine, tokenizer, workflow, engine_health=health
         ) as parts:
             if trainer is not None:
+                resize = None
+                if setup.budgets.replan and isinstance(engine, LocalEngine):
+                    total = device_memory(setup.device).total
+                    resize = functools.partial(resize_engine_kv, engine, setup, total)
                 parts.trainer = LocalTrainer(
-                    trainer, engine, save_merged=cfg.model.lora.save_merged
+                    trainer, engine, save_merged=cfg.model.lora.save_merged, resize_kv=resize
                 )
             yield parts
     finally:
         await engine.stop()  # a launched server process must not outlive the run
+
+
+async def resize_engine_kv(engine: LocalEngine, setup: Setup, total: int, peak: int) -> None:
+    """Give the engine, collocated with the trainer on `setup.device` (`total` bytes), the
+    K/V budget the first train step's `peak` bytes allocated leave
+    (memory.kv_tokens_after_step)."""
+    sizes = ModelSizes.of(setup.model.config)
+    used = engine.memory_bytes()
+    tokens = kv_tokens_after_step(
+        total=total,
+        peak=peak,
+        engine_kv_bytes=used["kv_cache"],
+        kv_bytes_per_token=sizes.kv_bytes_per_token(setup.precision.engine.dtype),
+        cap=setup.cfg.engine.max_tokens_per_batch,
+    )
+    await engine.set_kv_budget(tokens)
+    log.info(
+        "Memory: the first train step peaked at %.1f GiB on %s (the engine's K/V then %.1f "
+        "GiB); engine K/V budget %d tokens (start-up's estimate: %d)",
+        peak / 2**30,
+        setup.device,
+        used["kv_cache"] / 2**30,
+        tokens,
+        setup.budgets.engine_kv_tokens,
+    )

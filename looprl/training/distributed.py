@@ -93,6 +93,7 @@ class DataParallelTrainer(Trainer):
         lora: LoraConfig | None = None,
         teacher_model: nn.Module | None = None,
         precision: TrainPrecision | None = None,
+        max_tokens_per_mb: int | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -111,6 +112,7 @@ class DataParallelTrainer(Trainer):
             lora=lora,
             teacher_model=teacher_model,
             precision=precision,
+            max_tokens_per_mb=max_tokens_per_mb,
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

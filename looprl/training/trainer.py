@@ -49,6 +49,7 @@ from torch import nn
 
 from looprl.config import LoraConfig, TrainConfig
 from looprl.diagnostics.oom import oom_phase
+from looprl.memory import CPU_TOKENS_PER_MB
 from looprl.models import DTYPES
 from looprl.precision import TrainPrecision
 from looprl.runtime import tune_malloc
@@ -151,7 +152,9 @@ class Trainer:
     a separate copy for the KL penalty, is put in eval mode and frozen. `precision` is
     what start-up decided (looprl/startup.py); without it, an explicit
     `cfg.compute_dtype` (float32, or bfloat16 autocast over float32 weights) is taken as
-    it is, and `auto` is refused: nothing below start-up decides it."""
+    it is, and `auto` is refused: nothing below start-up decides it. `max_tokens_per_mb`
+    is start-up's memory plan (looprl/memory.py); without it, the config's, or on its
+    None `CPU_TOKENS_PER_MB`."""
 
     def __init__(
         self,
@@ -165,6 +168,7 @@ class Trainer:
         lora: LoraConfig | None = None,
         teacher_model: nn.Module | None = None,
         precision: TrainPrecision | None = None,
+        max_tokens_per_mb: int | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 for training logprobs")
@@ -196,10 +200,16 @@ class Trainer:
         self.device = next(model.parameters()).device
         master_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.precision = precision or TrainPrecision.as_set(cfg.compute_dtype, master_dtype)
+        # Tokens per micro-batch: start-up's memory plan, else the config's, else the CPU's.
+        self.max_tokens_per_mb = max_tokens_per_mb or cfg.max_tokens_per_mb or CPU_TOKENS_PER_MB
         if cfg.activation_checkpointing:
             # Non-reentrant: it needs no input that requires grad, as LoRA's frozen
             # embeddings are not; the decoder layers recompute in backward (train mode).
-            model.activation_checkpointing_enable({"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(kwargs)
+            else:  # transformers before the rename (5.17, on the GPU machines we know)
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if lora is not None:
             # The frozen base needs no float32 master copy: it is held in the dtype the
             # forward computes in; only the adapters train, in float32.
@@ -224,7 +234,7 @@ class Trainer:
 
     def _memory_settings(self) -> dict[str, object]:
         return {
-            "train.max_tokens_per_mb": self.cfg.max_tokens_per_mb,
+            "train.max_tokens_per_mb": self.max_tokens_per_mb,
             "train.compute_dtype": self.precision.dtype,
         }
 
@@ -487,7 +497,7 @@ class Trainer:
         """`rows` (n,) of `batch` in micro-batches under train.max_tokens_per_mb: packed
         with their group's shared prompt where the model allows it (shared_prefix.py),
         else right-padded, first-fit-decreasing by length."""
-        budget = self.cfg.max_tokens_per_mb
+        budget = self.max_tokens_per_mb
         if shared_prefix.supports(self.model):
             plan = shared_prefix.micro_batches(
                 batch.input_ids[rows], batch.lengths[rows], batch.group_index[rows], budget

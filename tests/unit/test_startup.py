@@ -126,3 +126,62 @@ def test_a_teacher_is_resolved_only_for_training(tiny_model_dir, tmp_path):
     )
     assert startup.start(cfg).teacher.folder == tiny_model_dir
     assert startup.start(cfg, train=False).teacher is None
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_run_device_is_decided_from_the_devices_torch_lists():
+    """decide_device is what start-up runs on `cuda_devices()`; here on named lists, so
+    both sides of every branch run on this CPU."""
+    assert startup.decide_device("auto", []) == (
+        torch.device("cpu"),
+        "run.device=auto: torch sees no CUDA device",
+    )
+    device, why = startup.decide_device("auto", [H100, H100])
+    assert device == torch.device("cuda", 0) and why == (
+        "run.device=auto: the first CUDA device (of 2 visible)"
+    )
+    assert startup.decide_device("cpu", [H100])[0] == torch.device("cpu")
+    assert startup.decide_device("cuda", [H100])[0] == torch.device("cuda", 0)
+    assert startup.decide_device("cuda:1", [H100, "NVIDIA A100"])[0] == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"run.device=cuda:7: this machine has 2 CUDA") as e:
+        startup.decide_device("cuda:7", [H100, "NVIDIA A100"])
+    assert f"cuda:0 ({H100}), cuda:1 (NVIDIA A100)" in str(e.value)
+    with pytest.raises(ValueError, match="run.device=cuda: torch sees no CUDA device here"):
+        startup.decide_device("cuda", [])
+
+
+def test_a_run_device_that_is_not_there_fails_at_start(tiny_model_dir, tmp_path):
+    # This machine's own list (the CI has no GPU): cuda:7 is past it either way.
+    with pytest.raises(ValueError, match="run.device=cuda:7"):
+        startup.start(_config(tiny_model_dir, tmp_path, "run.device=cuda:7"))
+    with pytest.raises(ValueError, match="run.device='gpu' must be auto, cpu, cuda or cuda:N"):
+        _config(tiny_model_dir, tmp_path, "run.device=gpu")
+    setup = startup.start(_config(tiny_model_dir, tmp_path, "run.device=cpu"))
+    assert setup.device == torch.device("cpu") and setup.memory is None
+    budgets = setup.budgets  # off a GPU: the configured budgets, 4096 for an unset one
+    assert (budgets.train_tokens_per_mb, budgets.engine_kv_tokens) == (4096, 65536)
+
+
+def test_kernels_are_decided_with_the_device(tiny_model_dir, tmp_path):
+    """auto: the cpu kernels on a CPU, the portable ones on a GPU; portable forced on a
+    CPU takes plain weights; the cpu kernels on a GPU, or packed weights with portable
+    kernels, fail at start naming the field."""
+    assert startup.start(_config(tiny_model_dir, tmp_path)).precision.engine.kernels == "cpu"
+    portable = startup.start(_config(tiny_model_dir, tmp_path, "engine.kernels=portable"))
+    engine = portable.precision.engine
+    assert (engine.kernels, engine.weight_layout) == ("portable", "plain")
+    assert "portable kernels" in engine.describe()
+    bf16_gpu = Probe("cuda", (256, 1024), H100, cuda_bf16=True)
+    setup = startup.start(_config(tiny_model_dir, tmp_path))
+    assert setup.on_gpu(bf16_gpu).precision.engine.kernels == "portable"
+    forced = startup.start(_config(tiny_model_dir, tmp_path, "engine.kernels=cpu"))
+    with pytest.raises(PrecisionError, match="engine.kernels=cpu are the CPU-tuned kernels"):
+        forced.on_gpu(bf16_gpu)
+    with pytest.raises(PrecisionError, match="engine.kernels=portable runs plain F.linear"):
+        startup.start(
+            _config(
+                tiny_model_dir, tmp_path, "engine.kernels=portable", "engine.weight_layout=packed"
+            )
+        )
