@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint format clean-venv chromium
+.PHONY: demo test test-gpu fuzz lint format clean-venv chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,16 @@ test: lint chromium
 	fi
 	@echo "== the whole suite on this CPU =="
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
+
+# The tests that need a CUDA GPU (tests/gpu, marker gpu; elsewhere they skip). PYTHON names
+# an interpreter that already holds torch instead of .venv: on the GPU machine, which has
+# no .venv and nothing to install, `make test-gpu PYTHON=python3`, with the wheels
+# bench/gpu_check.sh unpacked (GPU_SITE) first on its path (README: On a GPU).
+PYTHON ?=
+GPU_SITE ?= .gpu-state/site
+test-gpu: $(if $(PYTHON),,$(STAMP))
+	$(if $(PYTHON),PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON),$(BIN)/python) \
+		-m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu
 
 # The gateway's fuzz tests, long: FUZZ_EXAMPLES cases per operation and mode (about
 # 11,000 in all at 800, ~30 min on 2 cores); the last line is the count and the 5xx seen.

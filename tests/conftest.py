@@ -14,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.models import default_model_dir, load_model, load_tokenizer
+from tests.gpu.device import skip_reason as gpu_skip_reason
 
 SLOW_TIMEOUT_S = 1200  # pyproject's `timeout` (300 s) is for the others
 
@@ -22,6 +23,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    # Tests marked gpu need CUDA, or LOOPRL_GPU_TESTS_ON=cpu to run on the CPU (tests/gpu).
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    why = gpu_skip_reason() if gpu else None
+    if why:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session")
