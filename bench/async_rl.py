@@ -35,9 +35,9 @@ def add_latency(seconds: float) -> None:
     """Every LocalEngine.generate waits `seconds` before generating (a remote server)."""
     generate = LocalEngine.generate
 
-    async def remote_generate(self, prompt_ids, sampling):
+    async def remote_generate(self, prompt_ids, sampling, *, session=None):
         await asyncio.sleep(seconds)
-        return await generate(self, prompt_ids, sampling)
+        return await generate(self, prompt_ids, sampling, session=session)
 
     LocalEngine.generate = remote_generate
 
