@@ -98,10 +98,20 @@ def flops_per_run(model, prompts: list[list[int]], new_tokens: int) -> float:
     return total
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on a CUDA `device` (a timing stops after it); nothing
+    elsewhere."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
+    """One left-padded batched `generate` on the model's device; seconds."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    rows = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    mask = torch.tensor(rows, device=model.device)
+    synchronize(model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
@@ -114,12 +124,14 @@ def time_hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: i
             max_new_tokens=new_tokens,
             pad_token_id=pad_id,
         )
+    synchronize(model.device)
     elapsed = time.perf_counter() - start
     assert out.shape[1] - width == new_tokens, f"HF generated {out.shape[1] - width} tokens"
     return elapsed
 
 
 async def time_engine(engine: LocalEngine, prompts: list[list[int]], new_tokens: int) -> float:
+    """Every prompt submitted at once; seconds until the last token is back on the host."""
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     start = time.perf_counter()
     gens = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))

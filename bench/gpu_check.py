@@ -155,22 +155,12 @@ def _setup(args, *overrides: str):
     return startup.start(cfg)
 
 
-def _sync(device) -> None:
-    import torch
+def _peak_mib(device) -> float | None:
+    """The allocator's peak on `device` since `reset_peak`, in MiB (None off a GPU)."""
+    from looprl.memory import peak_allocated
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _peak_mib(device, reset: bool = False) -> float | None:
-    import torch
-
-    if device.type != "cuda":
-        return None
-    peak = torch.cuda.max_memory_allocated(device) / 2**20
-    if reset:
-        torch.cuda.reset_peak_memory_stats(device)
-    return round(peak, 1)
+    peak = peak_allocated(device)
+    return None if peak is None else round(peak / 2**20, 1)
 
 
 def _bench(name: str):
@@ -185,6 +175,7 @@ def _bench(name: str):
 def step_train_step(args) -> dict:
     import torch
 
+    from looprl.memory import reset_peak
     from looprl.scheduling.parts import build_trainer
 
     setup = _setup(args)
@@ -193,20 +184,21 @@ def step_train_step(args) -> dict:
     batch = _bench("train_step").default_job_batch(setup.model.tokenizer)
     if args.quick:  # two of its eight groups, both with rewards that differ
         batch = batch.select(torch.arange(16, 32))
+    synchronize = _bench("engine").synchronize
     trainer.train_step(batch)  # warm-up: kernels chosen, optimizer state allocated
-    _sync(setup.device)
-    _peak_mib(setup.device, reset=True)
+    synchronize(setup.device)
+    reset_peak(setup.device)
     times, stats = [], {}
     for _ in range(args.repeats):
         start = time.perf_counter()
         stats = trainer.train_step(batch)
-        _sync(setup.device)
+        synchronize(setup.device)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     return {
         "device": str(setup.device),
         "precision": setup.precision.train.describe(),
-        "memory_plan": setup.budgets.describe() if setup.memory else "configured budgets",
+        "memory_plan": setup.memory.describe(),
         "batch": f"{batch.num_sequences} rows, {batch.num_tokens} tokens "
         f"({batch.num_sampled_tokens} sampled)",
         "step_s": round(step_s, 4),
@@ -219,50 +211,14 @@ def step_train_step(args) -> dict:
 
 
 def step_weight_sync(args) -> dict:
-    from looprl.engines.launch import start_engine
-    from looprl.scheduling.parts import build_trainer
-    from looprl.types import SamplingParams
-
-    async def run() -> dict:
-        setup = _setup(args)
-        policy = setup.model.load(setup.cfg.model.dtype).to(setup.device)
-        trainer = build_trainer(setup, policy)
-        engine = await start_engine(setup, policy, setup.paths)
-        prompt = setup.model.tokenizer.encode("What is 3 + 4?")
-        await engine.generate(prompt, SamplingParams(max_new_tokens=4))  # caches allocated
-        weights = trainer.state_dict_for_engine()
-        size = sum(t.numel() * t.element_size() for t in weights.values())
-        times = []
-        for version in range(1, args.repeats + 2):  # the first is a warm-up
-            _sync(setup.device)
-            start = time.perf_counter()
-            await engine.update_weights(trainer.state_dict_for_engine(), version)
-            _sync(setup.device)
-            times.append(time.perf_counter() - start)
-        gen = await engine.generate(prompt, SamplingParams(max_new_tokens=4))
-        await engine.stop()
-        median = statistics.median(times[1:])
-        return {
-            "device": str(setup.device),
-            "engine": setup.precision.engine.describe(),
-            "update_weights_ms_median": round(median * 1000, 2),
-            "update_weights_ms_all": [round(t * 1000, 2) for t in times[1:]],
-            "warm_up_ms": round(times[0] * 1000, 2),
-            "trainer_state_mib": round(size / 2**20, 1),
-            "gib_per_s": round(size / median / 2**30, 1),
-            "served_version_after": gen.versions[-1],
-            "peak_gpu_mib": _peak_mib(setup.device),
-        }
-
-    return asyncio.run(run())
+    """bench/weight_sync.py's measurement on start-up's decisions for args.device."""
+    return asyncio.run(_bench("weight_sync").measure(_setup(args), args.repeats))
 
 
 def step_engine(args) -> dict:
-    import torch
-
     from looprl.engines.local.engine import LocalEngine
+    from looprl.memory import reset_peak
     from looprl.models import DTYPES
-    from looprl.types import SamplingParams
 
     bench_engine = _bench("engine")
     prompts_n, new_tokens = (16, 32) if args.quick else (args.prompts, args.new_tokens)
@@ -285,37 +241,21 @@ def step_engine(args) -> dict:
     hf.generation_config.eos_token_id = None
     pad = tokenizer.pad_token_id
 
-    def hf_generate(rows: list[list[int]], n: int) -> float:
-        width = max(map(len, rows))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=setup.device)
-        mask = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in rows], device=setup.device
-        )
-        _sync(setup.device)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True,
-                              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
-                              pad_token_id=pad)  # fmt: skip
-        _sync(setup.device)
-        assert out.shape[1] - width == n, f"HF generated {out.shape[1] - width} tokens"
-        return time.perf_counter() - start
-
-    async def engine_generate(rows: list[list[int]], n: int) -> float:
-        sampling = SamplingParams(max_new_tokens=n, temperature=1.0)
-        start = time.perf_counter()
-        gens = await asyncio.gather(*(engine.generate(p, sampling) for p in rows))
-        _sync(setup.device)
-        assert all(len(g.output_ids) == n for g in gens)
-        return time.perf_counter() - start
-
     async def run() -> dict:
-        hf_generate(prompts[:4], 8)  # warm-ups
-        await engine_generate(prompts, 8)
-        _peak_mib(setup.device, reset=True)
-        hf_s = min(hf_generate(prompts, new_tokens) for _ in range(args.repeats))
-        hf_peak = _peak_mib(setup.device, reset=True)
-        engine_s = min([await engine_generate(prompts, new_tokens) for _ in range(args.repeats)])
+        bench_engine.time_hf_generate(hf, prompts[:4], 8, pad)  # warm-ups
+        await bench_engine.time_engine(engine, prompts, 8)
+        reset_peak(setup.device)
+        hf_s = min(
+            bench_engine.time_hf_generate(hf, prompts, new_tokens, pad) for _ in range(args.repeats)
+        )
+        hf_peak = _peak_mib(setup.device)
+        reset_peak(setup.device)
+        engine_s = min(
+            [
+                await bench_engine.time_engine(engine, prompts, new_tokens)
+                for _ in range(args.repeats)
+            ]
+        )
         engine_peak = _peak_mib(setup.device)
         await engine.stop()
         tokens = prompts_n * new_tokens
@@ -517,9 +457,8 @@ def report(args) -> None:
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "goals": GOALS,
         "notes": [
-            "bench/engine.py runs on the CPU only (no --device option, no 256x512 workload): "
-            "the engine step measures the local engine against HF generate on the device "
-            "with its prompts and sampling instead"
+            "the engine step runs bench/engine.py's prompts and timings (time_hf_generate, "
+            "time_engine) on the device at 256 x 512, with start-up's engine precision"
         ],
         "steps": {},
     }

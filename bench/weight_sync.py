@@ -21,47 +21,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from looprl import startup
-from looprl.config import Config
+from looprl.config import load_config
 from looprl.engines.local.engine import LocalEngine
-from looprl.memory import peak_allocated
-from looprl.models import resolve_model
-from looprl.precision import cpu
+from looprl.memory import peak_allocated, reset_peak
+from looprl.startup import Setup, describe_device
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.engine import synchronize  # noqa: E402
 
 
 async def _timed(device: torch.device, update, repeats: int) -> list[float]:
     await update()  # warm-up
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         await update()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
 
-async def main(device_setting: str, kernels: str, repeats: int) -> None:
-    cfg = Config.model_validate({"run": {"device": device_setting}, "engine": {"kernels": kernels}})
-    files = resolve_model(cfg.model.path)
-    device, why = startup.decide_device(device_setting, startup.cuda_devices())
-    decided = startup.choose(cfg, files, device, device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu().describe()
-    print(f"# weight sync on {device} ({where}; {why}); {decided.engine.describe()}")
-    policy = files.load("float32").to(device)  # the trainer's float32 master weights
-    engine = LocalEngine.for_model(policy, files.tokenizer, cfg.engine, decided.engine)
-    params = sum(p.numel() for p in policy.parameters())
+async def measure(setup: Setup, repeats: int) -> dict:
+    """Both variants on `setup`'s device, model and engine precision; the figures."""
+    device = setup.device
+    policy = setup.model.load("float32").to(device)  # the trainer's float32 master weights
+    engine = LocalEngine.for_model(
+        policy, setup.model.tokenizer, setup.cfg.engine, setup.precision.engine
+    )
     version = 0
 
     async def in_place() -> None:
@@ -82,18 +79,36 @@ async def main(device_setting: str, kernels: str, repeats: int) -> None:
             received[name] = received[source]
         await engine.update_weights(received, version)
 
-    peak_allocated(device, reset=True)
+    reset_peak(device)
     direct = await _timed(device, in_place, repeats)
     copied = await _timed(device, through_host, repeats)
     peak = peak_allocated(device)
-    a, b = statistics.median(direct), statistics.median(copied)
-    print(f"params {params / 1e6:.1f}M, {repeats} repeats, median")
-    print(f"device-to-device cast (looprl): {a * 1000:8.1f} ms")
-    print(f"through host + safetensors:     {b * 1000:8.1f} ms")
-    print(f"ratio (host copy / looprl):     {b / a:8.2f}x")
-    if peak is not None:
-        print(f"peak allocated: {peak / 2**30:.2f} GiB")
     await engine.stop()
+    a, b = statistics.median(direct), statistics.median(copied)
+    return {
+        "device": str(device),
+        "engine": setup.precision.engine.describe(),
+        "params_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 1),
+        "repeats": repeats,
+        "update_weights_ms_median": round(a * 1000, 2),
+        "update_weights_ms_all": [round(t * 1000, 2) for t in direct],
+        "through_host_ms_median": round(b * 1000, 2),
+        "host_copy_over_in_place": round(b / a, 2),
+        "peak_gpu_mib": None if peak is None else round(peak / 2**20, 1),
+    }
+
+
+async def main(device_setting: str, kernels: str, repeats: int) -> None:
+    overrides = [f"run.device={device_setting}", f"engine.kernels={kernels}"]
+    setup = startup.start(load_config(None, [*overrides, f"run.fileroot={tempfile.mkdtemp()}"]))
+    print(f"# weight sync on {describe_device(setup.device)}; {setup.precision.engine.describe()}")
+    figures = await measure(setup, repeats)
+    print(f"params {figures['params_m']}M, {repeats} repeats, median")
+    print(f"device-to-device cast (looprl): {figures['update_weights_ms_median']:8.1f} ms")
+    print(f"through host + safetensors:     {figures['through_host_ms_median']:8.1f} ms")
+    print(f"ratio (host copy / looprl):     {figures['host_copy_over_in_place']:8.2f}x")
+    if figures["peak_gpu_mib"] is not None:
+        print(f"peak allocated: {figures['peak_gpu_mib']} MiB")
 
 
 def _ties(state: dict[str, torch.Tensor]) -> dict[str, str]:

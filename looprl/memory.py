@@ -104,12 +104,15 @@ class ModelSizes:
 @dataclass(frozen=True)
 class MemoryPlan:
     """The decided budgets: tokens per training micro-batch and engine K/V tokens.
-    `replan`: resize the engine's K/V from the first train step's measured peak."""
+    `replan`: resize the engine's K/V from the first train step's measured peak, on a
+    device of `device_bytes` where one token's K/V takes `kv_bytes_per_token`."""
 
     train_tokens_per_mb: int
     engine_kv_tokens: int
     reason: str
     replan: bool = False
+    device_bytes: int = 0
+    kv_bytes_per_token: int = 0
 
     def describe(self) -> str:
         return (
@@ -192,7 +195,8 @@ def plan(
             "set train.activation_checkpointing=true or use model.lora"
         )
     reason = f"{gib}; {why_train}; K/V: {why_kv}"
-    return MemoryPlan(train_tokens, kv_tokens, reason, replan=train and engine_fraction is None)
+    replan = train and engine_fraction is None
+    return MemoryPlan(train_tokens, kv_tokens, reason, replan, total, kv_per_token)
 
 
 def kv_tokens_after_step(
@@ -224,12 +228,12 @@ def device_memory(device: torch.device) -> DeviceMemory | None:
     return DeviceMemory(total, free)
 
 
-def peak_allocated(device: torch.device, reset: bool = False) -> int | None:
-    """The allocator's peak bytes on a CUDA `device` since the last reset (None
-    elsewhere); `reset` starts a new measurement."""
-    if device.type != "cuda":
-        return None
-    if reset:
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak measurement on a CUDA `device` (nothing elsewhere)."""
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return None
-    return torch.cuda.max_memory_allocated(device)
+
+
+def peak_allocated(device: torch.device) -> int | None:
+    """The allocator's peak bytes on a CUDA `device` since `reset_peak` (None elsewhere)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -79,18 +79,9 @@ class Setup:
     device: torch.device  # where the engine (local) and the trainer run
     precision: Precision
     paths: RunPaths
+    memory: MemoryPlan  # tokens per micro-batch, engine K/V tokens (looprl/memory.py)
     teacher: ModelFiles | None = None
     judge: LocalModel | None = None
-    memory: MemoryPlan | None = None  # None: the configured budgets (memory.configured)
-
-    @property
-    def budgets(self) -> MemoryPlan:
-        """Tokens per training micro-batch and engine K/V tokens, as decided."""
-        if self.memory is not None:
-            return self.memory
-        cfg = self.cfg
-        why = "the configured budgets"
-        return configured(cfg.train.max_tokens_per_mb, cfg.engine.max_tokens_per_batch, why)
 
     @asynccontextmanager
     async def open_workflow(self, task: Any) -> AsyncIterator[OpenedWorkflow]:
@@ -108,7 +99,8 @@ class Setup:
             _train_precision(self.cfg, found),
         )
         log.info("On the GPUs (%s): %s", found.capability, decided.line())
-        return replace(self, device=torch.device("cuda", 0), precision=decided)
+        budgets = _configured(self.cfg, "Ray actors: the configured budgets")
+        return replace(self, device=torch.device("cuda", 0), precision=decided, memory=budgets)
 
 
 def start(cfg: Config, *, train: bool = True) -> Setup:
@@ -130,10 +122,9 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
     if needs_judge_engine(cfg) and uses_configured_reward(cfg):
         judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig(), cfg.run.device)
     plan = _memory_plan(cfg, model, device, decided, train=train)
-    setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), teacher, judge, plan)
+    setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), plan, teacher, judge)
     log.info("%s (%s)", describe(setup), why)
-    if plan is not None:
-        log.info("%s", plan.describe())
+    log.info("%s", plan.describe())
     return setup
 
 
@@ -175,11 +166,11 @@ def serve_on_local_engine(spec: str, engine: EngineConfig, device: str = "auto")
 
 def _memory_plan(
     cfg: Config, model: ModelFiles, device: torch.device, decided: Precision, *, train: bool
-) -> MemoryPlan | None:
-    """The memory plan on a GPU (looprl/memory.py); None elsewhere (configured budgets)."""
+) -> MemoryPlan:
+    """The memory plan on a GPU (looprl/memory.py); elsewhere the configured budgets."""
     found = device_memory(device)
     if found is None:
-        return None
+        return _configured(cfg, f"{device}: the configured budgets")
     train_uses = train and cfg.train.kl_coef > 0 and not cfg.model.lora.enabled
     extra = int(train_uses) + int(train and bool(cfg.train.teacher_path))
     return memory.plan(
@@ -199,6 +190,10 @@ def _memory_plan(
         engine_fraction=cfg.engine.memory_fraction,
         device=str(device),
     )
+
+
+def _configured(cfg: Config, why: str) -> MemoryPlan:
+    return configured(cfg.train.max_tokens_per_mb, cfg.engine.max_tokens_per_batch, why)
 
 
 def cuda_devices() -> list[str]:
@@ -247,14 +242,15 @@ def describe(setup: Setup) -> str:
 
 def placement(cfg: Config, device: torch.device) -> str:
     """Which part runs where: 'engine (local) and trainer on cuda:0 (NVIDIA H100 80GB HBM3)'."""
-    where = _where(device)
+    where = describe_device(device)
     if cfg.engine.type == "local":
         return f"engine (local) and trainer on {where}"
     server = "its server's devices" if cfg.engine.url else "the server it launches"
     return f"engine ({cfg.engine.type}) on {server}, trainer on {where}"
 
 
-def _where(device: torch.device) -> str:
+def describe_device(device: torch.device) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)', or the CPU's kind and flags."""
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return f"{device} ({precision.cpu().describe()})"

@@ -79,9 +79,8 @@ async def start_engine(
     gpus = visible_gpus()
     check_placement(engine_cfg, gpus)
     if engine_cfg.type == "local":
-        if setup.memory is not None:  # on a GPU: the K/V budget of start-up's memory plan
-            kv = {"max_tokens_per_batch": setup.memory.engine_kv_tokens}
-            engine_cfg = engine_cfg.model_copy(update=kv)
+        kv = {"max_tokens_per_batch": setup.memory.engine_kv_tokens}  # start-up's plan
+        engine_cfg = engine_cfg.model_copy(update=kv)
         return LocalEngine.for_model(model, tokenizer, engine_cfg, setup.precision.engine)
     # A server gets a concrete dtype: the one start-up chose for the devices it runs on.
     engine_cfg = engine_cfg.model_copy(update={"dtype": setup.precision.engine.dtype})

@@ -81,7 +81,7 @@ def build_trainer(
         lora=cfg.model.lora,
         teacher_model=teacher,
         precision=setup.precision.train,
-        max_tokens_per_mb=setup.budgets.train_tokens_per_mb,
+        max_tokens_per_mb=setup.memory.train_tokens_per_mb,
     )
 
 

@@ -28,7 +28,7 @@ from looprl.engines.launch import start_engine
 from looprl.engines.local.engine import LocalEngine
 from looprl.engines.pool import EnginePool
 from looprl.engines.servers.server_engine import ServerEngine
-from looprl.memory import ModelSizes, device_memory, kv_tokens_after_step, peak_allocated
+from looprl.memory import kv_tokens_after_step, peak_allocated, reset_peak
 from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
 from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
@@ -64,7 +64,7 @@ class LocalTrainer:
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         device = self.trainer.device
         if self._resize_kv is not None:
-            peak_allocated(device, reset=True)
+            reset_peak(device)
         stats = await asyncio.to_thread(self.trainer.train_step, batch)
         if self._resize_kv is not None:
             resize, self._resize_kv = self._resize_kv, None
@@ -121,9 +121,8 @@ async def start_single_process(
         ) as parts:
             if trainer is not None:
                 resize = None
-                if setup.budgets.replan and isinstance(engine, LocalEngine):
-                    total = device_memory(setup.device).total
-                    resize = functools.partial(resize_engine_kv, engine, setup, total)
+                if setup.memory.replan and isinstance(engine, LocalEngine):
+                    resize = functools.partial(resize_engine_kv, engine, setup)
                 parts.trainer = LocalTrainer(
                     trainer, engine, save_merged=cfg.model.lora.save_merged, resize_kv=resize
                 )
@@ -132,17 +131,16 @@ async def start_single_process(
         await engine.stop()  # a launched server process must not outlive the run
 
 
-async def resize_engine_kv(engine: LocalEngine, setup: Setup, total: int, peak: int) -> None:
-    """Give the engine, collocated with the trainer on `setup.device` (`total` bytes), the
-    K/V budget the first train step's `peak` bytes allocated leave
-    (memory.kv_tokens_after_step)."""
-    sizes = ModelSizes.of(setup.model.config)
-    used = engine.memory_bytes()
+async def resize_engine_kv(engine: LocalEngine, setup: Setup, peak: int) -> None:
+    """Give the engine, collocated with the trainer on `setup.device`, the K/V budget the
+    first train step's `peak` bytes allocated leave (memory.kv_tokens_after_step, on the
+    device size and K/V bytes per token of start-up's plan)."""
+    plan, kv_bytes = setup.memory, engine.memory_bytes()["kv_cache"]
     tokens = kv_tokens_after_step(
-        total=total,
+        total=plan.device_bytes,
         peak=peak,
-        engine_kv_bytes=used["kv_cache"],
-        kv_bytes_per_token=sizes.kv_bytes_per_token(setup.precision.engine.dtype),
+        engine_kv_bytes=kv_bytes,
+        kv_bytes_per_token=plan.kv_bytes_per_token,
         cap=setup.cfg.engine.max_tokens_per_batch,
     )
     await engine.set_kv_budget(tokens)
@@ -151,7 +149,7 @@ async def resize_engine_kv(engine: LocalEngine, setup: Setup, total: int, peak: 
         "GiB); engine K/V budget %d tokens (start-up's estimate: %d)",
         peak / 2**30,
         setup.device,
-        used["kv_cache"] / 2**30,
+        kv_bytes / 2**30,
         tokens,
-        setup.budgets.engine_kv_tokens,
+        plan.engine_kv_tokens,
     )

@@ -12,16 +12,21 @@ import pytest
 
 from looprl.config import TrainConfig
 from looprl.engines.local.engine import LocalEngine
-from looprl.memory import ModelSizes, device_memory, kv_tokens_after_step, peak_allocated, plan
+from looprl.memory import (
+    ModelSizes,
+    device_memory,
+    kv_tokens_after_step,
+    peak_allocated,
+    reset_peak,
+)
 from looprl.precision import TrainPrecision
 from looprl.training.trainer import Trainer
 from tests.gpu.conftest import tiny_llama
 from tests.gpu.test_trainer import SHAPES
 from tests.support.batches import toy_batch
+from tests.support.memory_plans import GIB, plan_for
 
 pytestmark = pytest.mark.gpu
-
-GIB = 2**30
 
 
 def test_the_plan_budgets_drive_a_collocated_engine_and_trainer(device):
@@ -32,22 +37,7 @@ def test_the_plan_budgets_drive_a_collocated_engine_and_trainer(device):
     found = device_memory(device)
     assert (found is None) == (device.type != "cuda")
     total, free = (found.total, found.free) if found else (8 * GIB, 8 * GIB)
-    decided = plan(
-        total=total,
-        free=free,
-        sizes=sizes,
-        master="float32",
-        compute="bfloat16",
-        autocast=True,
-        lora=False,
-        extra_models=0,
-        engine_dtype="bfloat16",
-        checkpointing=False,
-        train_tokens=None,
-        engine_cap=65536,
-        engine_fraction=None,
-        device=str(device),
-    )
+    decided = plan_for(sizes, total=total, free=free, engine_cap=65536, device=str(device))
     assert decided.replan and decided.train_tokens_per_mb >= 256
     assert decided.engine_kv_tokens == 65536  # a tiny model: the cap binds on any device
 
@@ -69,7 +59,7 @@ def test_the_plan_budgets_drive_a_collocated_engine_and_trainer(device):
 
     async def run() -> None:
         try:
-            peak_allocated(device, reset=True)
+            reset_peak(device)
             trainer.train_step(batch)
             peak = peak_allocated(device)
             if device.type == "cuda":

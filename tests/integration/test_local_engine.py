@@ -87,21 +87,22 @@ FORWARDS = {  # id -> (engine.impl, engine.weight_layout, engine.kernels)
 }
 
 
+def forward_engine(model, forward: str, **options) -> LocalEngine:
+    """A float32 engine on `model` with the forward FORWARDS names `forward`."""
+    impl, layout, kernels = FORWARDS[forward]
+    return LocalEngine(
+        model, dtype="float32", impl=impl, weight_layout=layout, kernels=kernels, **options
+    )
+
+
 @pytest.fixture(params=FORWARDS)
 async def tiny_engine(request, tiny_model, tokenizer):
     """Every forward, in float32: the fused one with the cpu kernels, oneDNN-packed and
     plain weights (the path a CPU takes where a dtype does not pack), with the portable
     kernels (what a GPU runs), and Hugging Face's. Every test on this fixture holds for
     each."""
-    impl, layout, kernels = FORWARDS[request.param]
-    engine = LocalEngine(
-        tiny_model,
-        eos_token_ids=[tokenizer.eos_token_id],
-        decode=tokenizer.decode,
-        dtype="float32",
-        weight_layout=layout,
-        impl=impl,
-        kernels=kernels,
+    engine = forward_engine(
+        tiny_model, request.param, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode
     )
     yield engine
     await engine.stop()
@@ -683,17 +684,10 @@ def kv_bytes_per_token(config) -> int:
 
 @pytest.mark.parametrize("forward", ["fused-packed", "fused-portable", "hf"])
 async def test_memory_bytes_counts_each_weight_once_and_the_kv_cache(tiny_model, prompts, forward):
-    impl, layout, kernels = FORWARDS[forward]
+    impl, layout, _ = FORWARDS[forward]
     if layout == "packed" and not probe("cpu", *layer_shape(tiny_model.config)).can_pack("float32"):
         pytest.skip("oneDNN cannot pack float32 weights on this CPU")
-    engine = LocalEngine(
-        tiny_model,
-        eos_token_ids=[],
-        dtype="float32",
-        impl=impl,
-        weight_layout=layout,
-        kernels=kernels,
-    )
+    engine = forward_engine(tiny_model, forward, eos_token_ids=[])
     size = {name: p.numel() * 4 for name, p in tiny_model.named_parameters()}
     fused_copies = {  # what the fused forward holds besides the model's own tensors
         "fused-packed": [n for n in size if n.endswith("proj.weight") or n == "lm_head.weight"],
@@ -724,16 +718,7 @@ async def test_set_kv_budget_takes_effect_at_a_step_boundary(tiny_model, prompts
     request that no longer fits fails, new requests are validated against the new budget,
     and the cache memory goes back once the batch is empty; raised again, long requests
     run again."""
-    impl, layout, kernels = FORWARDS[forward]
-    engine = LocalEngine(
-        tiny_model,
-        eos_token_ids=[],
-        dtype="float32",
-        impl=impl,
-        weight_layout=layout,
-        kernels=kernels,
-        max_tokens_per_batch=1000,
-    )
+    engine = forward_engine(tiny_model, forward, eos_token_ids=[], max_tokens_per_batch=1000)
     per_token = kv_bytes_per_token(tiny_model.config)
     long = SamplingParams(max_new_tokens=60, temperature=0)
     alone = [await engine.generate(p, long) for p in prompts[:2]]

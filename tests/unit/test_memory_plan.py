@@ -3,10 +3,10 @@ device sizes, so every branch runs on this CPU."""
 
 import pytest
 
-from looprl.memory import ModelSizes, kv_tokens_after_step, plan
+from looprl.memory import ModelSizes, kv_tokens_after_step
 from looprl.models import load_model
+from tests.support.memory_plans import GIB, plan_for
 
-GIB = 2**30
 # 1M parameters; 2 layers of hidden 64, MLP 256, 4 heads (2 K/V heads) of 16; 1000 tokens.
 SMALL = ModelSizes(
     params=1_000_000,
@@ -21,23 +21,7 @@ SMALL = ModelSizes(
 
 
 def _plan(**overrides):
-    settings = dict(
-        total=GIB,
-        free=GIB,
-        sizes=SMALL,
-        master="float32",
-        compute="bfloat16",
-        autocast=True,
-        lora=False,
-        extra_models=0,
-        engine_dtype="bfloat16",
-        checkpointing=False,
-        train_tokens=None,
-        engine_cap=10**7,
-        engine_fraction=None,
-        device="cuda:0",
-    )
-    return plan(**{**settings, **overrides})
+    return plan_for(SMALL, **overrides)
 
 
 def test_per_token_sizes():
@@ -59,6 +43,7 @@ def test_the_trainer_takes_half_of_what_is_left_and_the_engine_the_rest():
     # K/V: 944367641 - 29184 x 16144 = 473221145 bytes // 256 per token
     assert decided.engine_kv_tokens == 1848520
     assert decided.replan and "cuda:0" in decided.describe()
+    assert (decided.device_bytes, decided.kv_bytes_per_token) == (GIB, 256)  # for the resize
     assert _plan(engine_cap=65536).engine_kv_tokens == 65536
     # a micro-batch never passes MAX_TOKENS_PER_MB, however much memory
     assert _plan(total=100 * GIB, free=100 * GIB).train_tokens_per_mb == 32768

@@ -96,6 +96,7 @@ def test_on_a_gpu_the_decision_is_the_gpus(tiny_model_dir, tmp_path):
         "plain",
     )
     assert (on_gpu.precision.train.dtype, on_gpu.precision.train.autocast) == ("bfloat16", True)
+    assert not on_gpu.memory.replan  # Ray actors: the configured budgets, no GPU plan
     old_gpu = Probe("cuda", (256, 1024), "Tesla T4", cuda_bf16=False)
     assert setup.on_gpu(old_gpu).precision.engine.dtype == "float32"
     packed = startup.start(_config(tiny_model_dir, tmp_path, "engine.weight_layout=packed"))
@@ -159,9 +160,19 @@ def test_a_run_device_that_is_not_there_fails_at_start(tiny_model_dir, tmp_path)
     with pytest.raises(ValueError, match="run.device='gpu' must be auto, cpu, cuda or cuda:N"):
         _config(tiny_model_dir, tmp_path, "run.device=gpu")
     setup = startup.start(_config(tiny_model_dir, tmp_path, "run.device=cpu"))
-    assert setup.device == torch.device("cpu") and setup.memory is None
-    budgets = setup.budgets  # off a GPU: the configured budgets, 4096 for an unset one
+    assert setup.device == torch.device("cpu")
+    budgets = setup.memory  # off a GPU: the configured budgets, 4096 for an unset one
     assert (budgets.train_tokens_per_mb, budgets.engine_kv_tokens) == (4096, 65536)
+    assert not budgets.replan
+    bigger = startup.start(
+        _config(
+            tiny_model_dir,
+            tmp_path,
+            "train.max_tokens_per_mb=512",
+            "engine.max_tokens_per_batch=1024",
+        )
+    ).memory
+    assert (bigger.train_tokens_per_mb, bigger.engine_kv_tokens) == (512, 1024)
 
 
 def test_kernels_are_decided_with_the_device(tiny_model_dir, tmp_path):

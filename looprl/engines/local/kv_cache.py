@@ -49,7 +49,6 @@ class SlotCache:
 
     def __init__(self, decoder: FusedDecoder, budget_tokens: int) -> None:
         self._decoder = decoder
-        self.keys_transposed = decoder.keys_transposed
         self.budget_tokens = budget_tokens
         self._storage = (torch.zeros(0, dtype=decoder.dtype, device=decoder.device),) * 2
         self.clear()
@@ -61,7 +60,7 @@ class SlotCache:
         numel = d.num_layers * slots * d.num_kv_heads * d.head_dim * columns
         k, v = (storage[:numel] for storage in self._storage)
         self.v = v.view(*outer, columns, d.head_dim)
-        if self.keys_transposed:
+        if d.keys_transposed:
             self.k = k.view(*outer, d.head_dim, columns)
             self.keys = self.k.transpose(-1, -2)
         else:
@@ -128,13 +127,13 @@ class SlotCache:
         d = self._decoder
         allowed = d.num_layers * d.num_kv_heads * d.head_dim * self.budget_tokens
         if self._storage[0].numel() > allowed:
-            self._storage = tuple(s[:0].clone() for s in self._storage)
+            self.release()
         self._view(0, 0)
 
     def release(self) -> None:
-        """Free the memory."""
+        """Free the memory (no rows may hold K/V)."""
         self._storage = tuple(s[:0].clone() for s in self._storage)
-        self.clear()
+        self._view(0, 0)
 
 
 class PrefixStore:
