@@ -125,11 +125,13 @@ class LoraAdapter:
 
 @dataclass(frozen=True)
 class SessionHandle:
-    """What an agent needs to talk to one gateway session: an OpenAI base_url and key."""
+    """What an agent needs to talk to one gateway session: an OpenAI base_url and key,
+    and the other key that posting its reward to `{base_url without /v1}/reward` needs."""
 
     id: str
     base_url: str
     api_key: str
+    reward_key: str
 
 
 @dataclass(frozen=True)

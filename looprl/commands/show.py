@@ -4,7 +4,10 @@ terminal.
 Prints the header (step, group, reward, advantage, staleness, policy version), each chat
 call's messages and reply, then the token sequence coloured by the loss mask (sampled
 tokens highlighted, prompt tokens dim), with errors and concatenation breaks in red, and
-the episode's frames file when env.frames_every saved one. Reads only what
+the episode's frames file when env.frames_every saved one. Every string of the row is
+printed with its control characters escaped (`visible`): a model's output may hold
+terminal escapes (OSC 52 writes the clipboard, CSI 2J clears the screen) that must show
+as text, not act. Reads only what
 looprl/runs/trajectories.py and envs/frames.py write, where `RunPaths` (looprl/runs/
 paths.py) says they are; knows nothing of training.
 """
@@ -25,6 +28,8 @@ from looprl.runs.trajectories import TrajectoryFileError, list_steps, read_step
 # Alternating backgrounds, so that neighbouring sampled tokens show as two tokens.
 SAMPLED_STYLES = ("black on green3", "black on dark_sea_green2")
 PROMPT_STYLE = "dim"
+# The C0 and C1 control characters but newline and tab, written as Python escapes them.
+_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"}
 
 
 def pick_rollout(
@@ -69,6 +74,7 @@ def show_rollout(
 ) -> None:
     paths = RunPaths.of(run_dir)
     path, row, count = pick_rollout(paths, step=step, index=index, group=group)
+    row = visible(row)
     console.print(Rule(f"{path.name}: row {index} of {count}"))
     console.print(header(row))
     frames = frame_file(paths.frames, row["session_id"])
@@ -90,6 +96,22 @@ def show_rollout(
         console.print(Text(f"concat break: {reason}", style="red"))
     if row["error"]:
         console.print(Text(f"error: {row['error']}", style="red"))
+
+
+def visible(value: Any) -> Any:
+    r"""`value` (a row or any part of it) with each string's control characters but
+    newline and tab written as escapes, so that none reaches the terminal.
+
+    >>> visible({"reply": ["a\x1b[2J", "b\n\tc\x9b"]})
+    {'reply': ['a\\x1b[2J', 'b\n\tc\\x9b']}
+    """
+    if isinstance(value, str):
+        return value.translate(_ESCAPED)
+    if isinstance(value, dict):
+        return {key: visible(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [visible(item) for item in value]
+    return value
 
 
 def header(row: dict[str, Any]) -> Text:

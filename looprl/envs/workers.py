@@ -26,10 +26,16 @@ with `looprl doctor`'s diagnosis, and every recorded episode without frames is c
 (`counts["frames_failed"]`), never raised: the episodes go on.
 
 Concurrency contract: all calls come from one event loop. A worker's lock is held for
-one request and its reply (and a replay before it); the reply is awaited with the loop's
-reader on the pipe, never a blocking read. `close()` (synchronous) closes the pipes, and
-terminates then kills any worker not gone within a second; a worker also exits on its
-own when its parent process is gone.
+one request and its reply (and a replay before it). Reading a reply never blocks the
+loop: the loop's reader says when the socket has bytes, and only what is there is taken
+(non-blocking), so a reply arriving in pieces is put together across wake-ups; a call
+cancelled meanwhile leaves its reply to be read and dropped before the next request.
+Each worker is a session leader (its own process group): a restart and `close()`
+(synchronous) signal the whole group, the env's own children included. Every wait is
+bounded: a stopped worker gets `STOP_GRACE_S` to exit on its closed socket, then SIGTERM
+and as long again, then SIGKILL and `KILL_WAIT_S`; one that outlives even that is logged
+and left. A worker kills its own group when its socket closes (stopped, or looprl's
+process is gone) or its parent process is gone.
 """
 
 from __future__ import annotations
@@ -42,7 +48,11 @@ import json
 import logging
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -65,6 +75,12 @@ from looprl.envs.frames import EpisodeFrames
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0  # spawning a worker and building one env (imports included)
+STOP_GRACE_S = 1.0  # a stopped worker's time to exit on its closed socket, then on SIGTERM
+KILL_WAIT_S = 5.0  # how long a SIGKILLed worker is waited for before it is left
+READ_BYTES = 1 << 16  # taken off a worker's socket per read
+# Connection.send_bytes' framing, which a worker's replies use: a 4-byte big-endian
+# length, or -1 and then an 8-byte one (2 GiB and over).
+_LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")
 
 
 class EnvWorkers:
@@ -200,7 +216,8 @@ class _Worker:
     def __init__(self, pool: EnvWorkers, index: int) -> None:
         self.pool, self.index = pool, index
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.conn = None
+        self.sock: socket.socket | None = None  # our end; the worker's is a Connection
+        self.received = bytearray()  # read off the socket, not yet taken as messages
         self.generation = 0  # + 1 per restart: episodes held before must replay
         self.episodes: set[str] = set()
         self.lock = asyncio.Lock()
@@ -209,7 +226,9 @@ class _Worker:
 
     def spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
+        self.sock, theirs = socket.socketpair()  # what context.Pipe() is made of
+        child = multiprocessing.connection.Connection(theirs.detach())
+        self.received = bytearray()
         self.process = context.Process(
             target=serve,
             args=(
@@ -226,22 +245,23 @@ class _Worker:
         child.close()
 
     def wait_ready(self) -> None:
-        if not self.conn.poll(START_TIMEOUT_S):
-            self.stop()
-            raise ValueError(
-                f"env.name={self.pool.name!r}: a worker did not build the env within "
-                f"{START_TIMEOUT_S:g} s"
-            )
+        """Block until the worker has built its env (start-up, before the loop serves)."""
         try:
-            reply = json.loads(self.conn.recv_bytes())
-        except EOFError:
-            code = self._exit_code()
-            self.stop()
+            reply = self._next_message_now(START_TIMEOUT_S)
+        except (EOFError, OSError):
+            _exited(self.process, 1.0)
+            code = self.stop()
             raise ValueError(
                 f"env.name={self.pool.name!r}: its worker died while building the env "
                 f"(exit code {code}; a script that starts training needs `if __name__ == "
                 "'__main__':`, since workers are spawned and import the main module)"
             ) from None
+        if reply is None:
+            self.stop()
+            raise ValueError(
+                f"env.name={self.pool.name!r}: a worker did not build the env within "
+                f"{START_TIMEOUT_S:g} s"
+            )
         if "error" in reply:
             self.stop()
             raise ValueError(
@@ -294,29 +314,32 @@ class _Worker:
         """Send one request and await its reply; a death or a timeout restarts the worker."""
         if self.process is None:
             raise EnvCrashed(f"the workers of env {self.pool.name} were closed")
+        while self.unread:  # replies to calls whose episode was cancelled meanwhile
+            if await self._receive(message, self.pool.step_timeout_s) is None:
+                self._restart()
+                break
+            self.unread -= 1
         if self.starting:  # a restarted worker first says it has built its env
-            if not await self._readable(START_TIMEOUT_S):
+            ready = await self._receive(message, START_TIMEOUT_S)
+            if ready is None:
                 self._restart()
                 raise EnvCrashed(f"a restarted worker of env {self.pool.name} did not start")
             self.starting = False
-            ready = self._receive(message)
             if "error" in ready:
                 raise EnvCrashed(
                     f"a restarted worker could not build env {self.pool.name}: {ready['error']}"
                 )
-        while self.unread:  # replies to calls whose episode was cancelled meanwhile
-            if not await self._readable(self.pool.step_timeout_s):
-                self._restart()
-                break
-            self._receive(message)
-            self.unread -= 1
-        self.conn.send_bytes(json.dumps(message).encode())
+        body = json.dumps(message).encode()
+        try:  # blocking, but the worker is idle and reading: it drains as we write
+            self.sock.sendall(_LENGTH.pack(len(body)) + body)
+        except OSError:
+            raise self._crashed(message) from None
         try:
-            replied = await self._readable(self.pool.step_timeout_s)
+            reply = await self._receive(message, self.pool.step_timeout_s)
         except asyncio.CancelledError:  # the rollout was cancelled: its reply comes later
             self.unread += 1
             raise
-        if not replied:
+        if reply is None:
             self._restart()
             error = EnvTimedOut(
                 f"{message['op']}() of env {self.pool.name} ran past env.step_timeout_s="
@@ -324,7 +347,6 @@ class _Worker:
             )
             self.pool._count("timed_out", error)
             raise error
-        reply = self._receive(message)
         if "invalid" in reply:
             raise InvalidAction(reply["invalid"])
         if "error" in reply:
@@ -333,11 +355,41 @@ class _Worker:
             raise error
         return reply
 
+    async def _receive(self, message: dict, timeout_s: float) -> dict | None:
+        """The worker's next message, or None when none is whole within timeout_s;
+        EnvCrashed (and a restart) when it died instead."""
+        try:
+            return await self._next_message(timeout_s)
+        except (EOFError, OSError):
+            raise self._crashed(message) from None
+
+    async def _next_message(self, timeout_s: float) -> dict | None:
+        """Read what the socket holds until a message is whole, for up to timeout_s;
+        cancelled meanwhile, nothing read is lost."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (message := self._take_message()) is None:
+            left = deadline - loop.time()
+            if left <= 0 or not await self._readable(left):
+                return None
+            self._read_some()
+        return message
+
+    def _next_message_now(self, timeout_s: float) -> dict | None:
+        """`_next_message`, blocking: for start(), which runs before the loop serves."""
+        deadline = time.monotonic() + timeout_s
+        while (message := self._take_message()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not multiprocessing.connection.wait([self.sock], left):
+                return None
+            self._read_some()
+        return message
+
     async def _readable(self, timeout_s: float) -> bool:
-        """Wait until the pipe has data (or the worker's end closed) for up to timeout_s."""
+        """Wait until the socket has data (or the worker's end closed) for up to timeout_s."""
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
-        fd = self.conn.fileno()
+        fd = self.sock.fileno()
         loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
         try:
             await asyncio.wait_for(readable, timeout_s)
@@ -347,51 +399,103 @@ class _Worker:
         finally:
             loop.remove_reader(fd)
 
-    def _receive(self, message: dict) -> dict:
-        """The worker's reply; EnvCrashed (and a restart) when it died instead."""
+    def _read_some(self) -> None:
+        """Take what the socket holds now, without waiting; EOFError when the worker's
+        end is closed (it died)."""
         try:
-            reply = json.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            code = self._exit_code()
-            self._restart()
-            error = EnvCrashed(
-                f"the worker running env {self.pool.name} died during {message['op']}() "
-                f"(exit code {code})"
-            )
-            self.pool._count("crashed", error)
-            raise error from None
-        return reply
+            chunk = self.sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return  # woken with nothing to read after all
+        if not chunk:
+            raise EOFError
+        self.received += chunk
 
-    def _exit_code(self) -> int | None:
-        self.process.join(timeout=1.0)
-        return self.process.exitcode
+    def _take_message(self) -> dict | None:
+        """The first whole message read so far, taken off `received`; None if none is."""
+        if len(self.received) < _LENGTH.size:
+            return None
+        (size,) = _LENGTH.unpack_from(self.received)
+        start = _LENGTH.size
+        if size == -1:
+            start += _LONG_LENGTH.size
+            if len(self.received) < start:
+                return None
+            (size,) = _LONG_LENGTH.unpack_from(self.received, _LENGTH.size)
+        if len(self.received) < start + size:
+            return None
+        body = bytes(self.received[start : start + size])
+        del self.received[: start + size]
+        return json.loads(body)
 
-    def _restart(self) -> None:
-        self.stop(grace_s=0.0)  # it hung or died: nothing to wait for
+    def _crashed(self, message: dict) -> EnvCrashed:
+        """Restart the worker found dead during `message`; the error to raise, counted."""
+        _exited(self.process, 1.0)  # it is exiting: its own exit code, not our SIGKILL's
+        code = self._restart()
+        error = EnvCrashed(
+            f"the worker running env {self.pool.name} died during {message['op']}() "
+            f"(exit code {code})"
+        )
+        self.pool._count("crashed", error)
+        return error
+
+    def _restart(self) -> int | None:
+        """Replace the worker (it hung or died: no grace); the old one's exit code."""
+        code = self.stop(grace_s=0.0)
         self.generation += 1
         self.unread = 0
         self.pool.counts["restarts"] += 1
         self.spawn()
         self.starting = True  # its ready message is read before the next request
+        return code
 
-    def stop(self, grace_s: float = 1.0) -> None:
-        """Close the pipe (an idle worker exits on it), then terminate, then kill."""
-        if self.process is None:
-            return
-        self.conn.close()
-        self.process.join(timeout=grace_s)
-        if self.process.is_alive() and grace_s:
-            self.process.terminate()
-            self.process.join(timeout=grace_s)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.process.close()
-        self.process = None
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """Close the socket (an idle worker exits on it), then SIGTERM the worker's process
+        group, then SIGKILL it (the worker and whatever it started), each wait bounded;
+        the worker's exit code (None: it did not end and was left)."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        self.sock.close()
+        if grace_s and not _exited(process, grace_s):
+            _signal(process, signal.SIGTERM)
+            _exited(process, grace_s)
+        _signal(process, signal.SIGKILL)  # also when it exited: what it started may live on
+        process.join(KILL_WAIT_S)
+        code = process.exitcode
+        if code is None:
+            log.warning(
+                "env %s: worker %d (pid %d) did not end within %g s of SIGKILL; leaving it",
+                self.pool.name,
+                self.index,
+                process.pid,
+                KILL_WAIT_S,
+            )
+            return None
+        process.close()
+        return code
+
+
+def _exited(process: multiprocessing.process.BaseProcess, timeout_s: float) -> bool:
+    """Wait up to timeout_s for `process` to exit, without reaping it (so that its pid,
+    its process group's id, is not reused while the group is signalled)."""
+    return bool(multiprocessing.connection.wait([process.sentinel], timeout_s))
+
+
+def _signal(process: multiprocessing.process.BaseProcess, sig: int) -> None:
+    """`sig` to the worker's process group, and to the worker itself (killed before it
+    made its group, it is in ours)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+    if sig == signal.SIGKILL:
+        process.kill()
+    else:
+        process.terminate()
 
 
 def serve(conn, name: str, kwargs_json: str, parent_pid: int, max_frames: int = 0) -> None:
     """A worker's main loop: build one env (the start check), then answer requests."""
+    os.setsid()  # a process group of its own, so that stopping it reaches its children
+    os.set_inheritable(conn.fileno(), False)  # a child of the env's cannot hide our death
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     kwargs = json.loads(kwargs_json)
     if max_frames:  # the envs render (Gymnasium's convention), headless
@@ -417,8 +521,8 @@ def serve(conn, name: str, kwargs_json: str, parent_pid: int, max_frames: int = 
     while True:
         try:
             message = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
+        except (EOFError, OSError):  # stopped, or looprl is gone: so is what the envs started
+            _kill_own_group()
         episode, op = message["episode"], message["op"]
         try:
             if op == "reset":
@@ -481,7 +585,14 @@ def _step_reply(result: Any) -> dict:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """End this worker once its parent is gone, even while an env call hangs."""
+    """End this worker and what its envs started once its parent is gone, even while an
+    env call hangs."""
     while os.getppid() == parent_pid:
         time.sleep(1.0)
-    os._exit(0)
+    _kill_own_group()
+
+
+def _kill_own_group() -> None:
+    """SIGKILL this worker's process group (serve() made it its own): the worker and
+    whatever its envs started."""
+    os.killpg(0, signal.SIGKILL)

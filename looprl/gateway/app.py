@@ -15,9 +15,10 @@ Routes, each also at plain `/v1/...` without auth or recording when `sessionless
     POST /sessions/{id}/reward
          {"reward": 1.0} | {"rewards": {cid: 1.0}} | {"completion_id": cid, "reward": 1.0}
     GET  /health
-Session routes need `Authorization: Bearer <the session's api_key>`: the same 401 for
-a missing or wrong key and for a session that is not open (so a caller cannot probe
-which sessions exist); keys are compared in constant time.
+Session routes need `Authorization: Bearer <the session's api_key>`, the reward route
+the session's other key, `reward_key` (sessions.py says why two): the same 401 for a
+missing or wrong key and for a session that is not open (so a caller cannot probe which
+sessions exist); keys are compared in constant time.
 
 What one request may ask is bounded (gateway.limits, limits.py): body size (413), JSON
 nesting, messages, stop strings, and n x max_tokens. `top_k` at or beyond the
@@ -130,21 +131,28 @@ def create_app(
     )
     install_error_handlers(app)
 
-    def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
+    def authorized(session_id: str, authorization: str | None, key_name: str) -> Session:
+        """The open session whose `key_name` key the Bearer header holds; else the 401."""
         session = store.get(session_id)
         scheme, _, key = (authorization or "").partition(" ")
         # Compared even for an unknown session, so timing does not tell which exist.
-        expected = session.api_key if session is not None else _NO_SESSION_KEY
+        expected = getattr(session, key_name) if session is not None else _NO_SESSION_KEY
         matches = secrets.compare_digest(key.strip().encode(), expected.encode())
         if session is None or scheme.lower() != "bearer" or not matches:
             raise APIError(
                 401,
                 "this session is not open (never opened, or closed when its rollout "
-                "ended) or the API key is wrong: send `Authorization: Bearer <api_key>` "
-                "with the key the session was opened with",
+                f"ended) or the key is wrong: send `Authorization: Bearer <{key_name}>` "
+                f"with the {key_name} the session was opened with",
                 type="authentication_error",
             )
         return session
+
+    def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
+        return authorized(session_id, authorization, "api_key")
+
+    def reward_session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
+        return authorized(session_id, authorization, "reward_key")
 
     def sessionless_auth(authorization: str | None = Header(None)) -> None:
         if sessionless_api_key is None:
@@ -165,7 +173,9 @@ def create_app(
         app.include_router(gateway.router(sessionless_auth), prefix="/v1")
 
     @app.post("/sessions/{session_id}/reward", responses=documented(RewardResponse, 400, 401, 413))
-    async def post_reward(body: RewardRequest, session: Session = Depends(session_for)) -> dict:
+    async def post_reward(
+        body: RewardRequest, session: Session = Depends(reward_session_for)
+    ) -> dict:
         try:
             session.post_reward(body.value())
         except ValueError as e:

@@ -119,7 +119,8 @@ class GatewayServer:
 
     def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle:
         session = self.store.open(sampling_overrides)
-        return SessionHandle(session.id, f"{self.url}/sessions/{session.id}/v1", session.api_key)
+        base_url = f"{self.url}/sessions/{session.id}/v1"
+        return SessionHandle(session.id, base_url, session.api_key, session.reward_key)
 
     def close_session(self, session_id: str) -> Session:
         return self.store.close(session_id)

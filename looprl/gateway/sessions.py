@@ -1,6 +1,6 @@
 """Gateway sessions: the calls and the reward of one rollout.
 
-Owns: a Session (its id, its secret API key, every model call recorded on it, the
+Owns: a Session (its id, its two secret keys, every model call recorded on it, the
 reward an agent posted over HTTP) and the SessionStore the gateway looks sessions up
 in. Does not own HTTP (app.py) or how calls become training samples (trajectory.py).
 
@@ -34,6 +34,10 @@ OVERRIDABLE = {
 class Session:
     """One rollout's view of the gateway.
 
+    `api_key` is what model calls need, `reward_key` what posting the reward needs: two
+    keys, so that code an agent hands the model-call key to (a sub-agent, a tool the
+    model drives) cannot post the rollout's reward with it, and the reward key cannot
+    call the model.
     `interactions` holds one entry per choice of every call, in the order the calls
     finished (the choices of one call in index order, sharing its completion id).
     `reward` is what the agent posted to `/sessions/{id}/reward`: a float for the
@@ -46,6 +50,7 @@ class Session:
 
     id: str
     api_key: str
+    reward_key: str
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     interactions: list[Interaction] = field(default_factory=list)
     reward: Reward | None = None
@@ -92,6 +97,7 @@ class SessionStore:
         session = Session(
             id=secrets.token_hex(8),
             api_key=secrets.token_urlsafe(24),
+            reward_key=secrets.token_urlsafe(24),
             sampling_overrides=overrides,
         )
         self._sessions[session.id] = session

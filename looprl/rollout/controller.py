@@ -144,6 +144,7 @@ class RolloutController:
                 row,
                 base_url=handle.base_url,
                 api_key=handle.api_key,
+                reward_key=handle.reward_key,
                 model=self.model_name,
                 timeout_s=self.cfg.timeout_s,
             )

@@ -36,14 +36,25 @@ class WorkflowRun:
 
 
 async def run_workflow(
-    workflow: Workflow, row: dict, *, base_url: str, api_key: str, model: str, timeout_s: float
+    workflow: Workflow,
+    row: dict,
+    *,
+    base_url: str,
+    api_key: str,
+    model: str,
+    timeout_s: float,
+    reward_key: str | None = None,
 ) -> WorkflowRun:
-    """Run `workflow` on `row` against the endpoint; user code: whatever it raises or
-    however long it hangs (cancelled at `timeout_s`) is captured, never raised."""
+    """Run `workflow` on `row` against the endpoint (`reward_key`: the gateway session's
+    key for posting a reward, None against another server); user code: whatever it
+    raises or however long it hangs (cancelled at `timeout_s`) is captured, never raised."""
     start = time.monotonic()
     try:
         value = await asyncio.wait_for(
-            workflow.run(row, base_url=base_url, api_key=api_key, model=model), timeout=timeout_s
+            workflow.run(
+                row, base_url=base_url, api_key=api_key, model=model, reward_key=reward_key
+            ),
+            timeout=timeout_s,
         )
     except TimeoutError:
         error = f"TimeoutError: no result after {timeout_s} s"

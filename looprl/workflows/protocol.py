@@ -2,12 +2,14 @@
 
 A workflow is user code, unchanged: anything with `async def run(self, data, **kw)` or
 a plain async function `f(data, **kw)`. `kw` holds at least `base_url`, `api_key` and
-`model` for an OpenAI client. It returns a reward (float), a dict mapping completion
-ids (the `id` of the chat completions it received) to rewards, an EpisodeReward (such
-a dict and the rollout's own reward, for multi-turn episodes), or None to reject the
-rollout. Agents that report rewards over HTTP return None and POST to
-`/sessions/{id}/reward`. A workflow that holds resources (processes, connections) may
-also have `close()`, sync or async (`Closable`); the run calls it once, at its end.
+`model` for an OpenAI client, and `reward_key` (None outside a gateway session). It
+returns a reward (float), a dict mapping completion ids (the `id` of the chat
+completions it received) to rewards, an EpisodeReward (such a dict and the rollout's
+own reward, for multi-turn episodes), or None to reject the rollout. Agents that report
+rewards over HTTP return None and POST to `/sessions/{id}/reward` with
+`Authorization: Bearer <reward_key>` (the model-call key `api_key` cannot post one). A
+workflow that holds resources (processes, connections) may also have `close()`, sync or
+async (`Closable`); the run calls it once, at its end.
 
 Owns: the protocols, `resolve_workflow` (instance | class | "module:Name" | async
 function) and `close_workflow`. Knows nothing of engines or training.

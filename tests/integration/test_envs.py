@@ -26,7 +26,7 @@ from looprl import startup
 from looprl.commands.collect import collect
 from looprl.config import load_config
 from looprl.envs.base import EnvCrashed, EnvFailed, EnvTimedOut
-from looprl.envs.workers import EnvWorkers
+from looprl.envs.workers import KILL_WAIT_S, STOP_GRACE_S, EnvWorkers
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
 from looprl.workflows.resolution import configured_workflow
@@ -261,6 +261,52 @@ async def test_a_cancelled_call_does_not_shift_the_replies():
         workers.close()
 
 
+async def test_a_restart_kills_what_the_env_started():
+    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 2.0)
+    workers.start()
+    try:
+        async with workers.episode() as episode:
+            await episode.reset(1)
+            child = int((await episode.step("spawn"))[0].split()[1])
+            assert _alive(child)
+            with pytest.raises(EnvTimedOut):
+                await episode.step("hang")
+            assert not _alive(child), "the env's own process outlived its worker"
+    finally:
+        workers.close()
+
+
+async def test_close_kills_a_worker_deaf_to_sigterm_and_its_children_within_the_bound():
+    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 600.0)
+    workers.start()
+    (worker,) = workers.pids()
+    async with workers.episode() as episode:
+        await episode.reset(1)
+        child = int((await episode.step("spawn"))[0].split()[1])
+        stuck = asyncio.ensure_future(episode.step("hang, deaf to SIGTERM"))
+        await asyncio.sleep(0.5)
+        start = time.monotonic()
+        workers.close()  # the socket closed, SIGTERM ignored: SIGKILL after the grace
+        elapsed = time.monotonic() - start
+        stuck.cancel()
+    assert 2 * STOP_GRACE_S <= elapsed < 2 * STOP_GRACE_S + KILL_WAIT_S
+    assert not _alive(worker) and not _alive(child)
+    assert multiprocessing.active_children() == []
+
+
+async def test_a_reply_larger_than_the_socket_buffer_is_read_whole():
+    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 30.0)
+    workers.start()
+    try:
+        async with workers.episode() as episode:
+            await episode.reset(1)
+            observation, *_ = await episode.step("long")
+            assert observation == "x" * (3 << 20)
+            assert await episode.step("a") == ("step 2", 1.0, False, {})
+    finally:
+        workers.close()
+
+
 def test_a_wrong_env_fails_at_start_naming_it():
     workers = EnvWorkers("tests.support.envs:broken_factory", {"x": 1}, 1, 5.0)
     with pytest.raises(ValueError, match=r"env.name='tests.support.envs:broken_factory'.*"
@@ -293,15 +339,23 @@ async def test_close_leaves_no_worker_behind():
 
 
 def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    """...and take what their envs started with them."""
     script = textwrap.dedent(
         """
-        import json, sys, time
+        import asyncio, json, time
         from looprl.envs.workers import EnvWorkers
-        if __name__ == "__main__":
-            workers = EnvWorkers("gymnasium:FrozenLake-v1", {}, 2, 5.0)
+
+        async def main():
+            workers = EnvWorkers("tests.support.envs:CountEnv", {}, 2, 5.0)
             workers.start()
-            print(json.dumps(workers.pids()), flush=True)
-            time.sleep(600)
+            async with workers.episode() as episode:
+                await episode.reset(0)
+                child = int((await episode.step("spawn"))[0].split()[1])
+                print(json.dumps([*workers.pids(), child]), flush=True)
+                time.sleep(600)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
         """
     )
     parent = subprocess.Popen(

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import openai
@@ -271,9 +272,10 @@ async def test_unknown_session_and_wrong_key_get_the_same_401(server):
     handle = server.open_session()
     other = server.open_session()
     cases = {
-        "wrong key": SessionHandle(handle.id, handle.base_url, "not-the-key"),
-        "another session's key": SessionHandle(handle.id, handle.base_url, other.api_key),
-        "unknown session": SessionHandle("nope", f"{server.url}/sessions/nope/v1", handle.api_key),
+        "wrong key": replace(handle, api_key="not-the-key"),
+        "another session's key": replace(handle, api_key=other.api_key),
+        "the session's reward key": replace(handle, api_key=handle.reward_key),
+        "unknown session": replace(handle, id="nope", base_url=f"{server.url}/sessions/nope/v1"),
     }
     answers = {}
     async with httpx.AsyncClient() as http:
@@ -307,9 +309,14 @@ async def test_reward_in_all_three_shapes(server):
             for _ in range(2)
         ]
     url = f"{server.url}/sessions/{handle.id}/reward"
-    headers = {"Authorization": f"Bearer {handle.api_key}"}
+    headers = {"Authorization": f"Bearer {handle.reward_key}"}
     session = server.store.get(handle.id)
     async with httpx.AsyncClient(headers=headers) as http:
+        # the model-call key posts no reward: code the model drives may hold it
+        model_key = {"Authorization": f"Bearer {handle.api_key}"}
+        refused = await http.post(url, json={"reward": 1}, headers=model_key)
+        assert refused.status_code == 401 and "reward_key" in refused.json()["error"]["message"]
+        assert session.reward is None
         assert (await http.post(url, json={"reward": 0.5})).json()["reward"] == 0.5
         assert session.reward == 0.5
         assert (await http.post(url, json={"rewards": {ids[0]: 1.0}})).status_code == 200

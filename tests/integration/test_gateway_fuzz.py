@@ -131,7 +131,8 @@ def test_fuzz_operation(gateway, schema, label, mode):
     operation = schema.find_operation_by_label(label)
     handle = gateway.call(lambda server: server.open_session())
     path = {"session_id": handle.id} if "{session_id}" in label else None
-    auth = {"Authorization": f"Bearer {handle.api_key}"}
+    key = handle.reward_key if label.endswith("/reward") else handle.api_key
+    auth = {"Authorization": f"Bearer {key}"}
     statuses: Counter[int] = Counter()
 
     @settings(

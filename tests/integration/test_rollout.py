@@ -275,7 +275,9 @@ async def test_edited_history_breaks_the_chain_and_is_counted(tiny_model_dir):
 class Rewarding:
     """Two model calls, then rewards in the shape `data["reward"]` names."""
 
-    async def run(self, data: dict, *, base_url: str, api_key: str, model: str, **kw: Any):
+    async def run(
+        self, data: dict, *, base_url: str, api_key: str, model: str, reward_key: str, **kw: Any
+    ):
         async with openai_client(base_url, api_key) as client:
             a = await client.chat.completions.create(model=model, messages=QUESTION)
             b = await client.chat.completions.create(model=model, messages=QUESTION)
@@ -286,7 +288,7 @@ class Rewarding:
             return {a.id: 1.0}
         url = base_url.removesuffix("/v1") + "/reward"  # /sessions/{id}/reward
         body = {"reward": 0.25} if shape == "posted" else {"completion_id": b.id, "reward": -1}
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}) as http:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {reward_key}"}) as http:
             (await http.post(url, json=body)).raise_for_status()
         return None
 

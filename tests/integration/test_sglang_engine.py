@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,13 @@ from looprl.config import Config, EngineConfig, LoraConfig, TrainConfig, load_co
 from looprl.engines.base import EngineError, EngineRequestError, EngineUnavailable
 from looprl.engines.launch import check_placement, start_engine
 from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
-from looprl.engines.servers.sglang import SGLangEngine, sglang_command
+from looprl.engines.servers.sglang import (
+    KEY_VARIABLE,
+    LAUNCHER,
+    SGLangEngine,
+    sglang_command,
+    sglang_env,
+)
 from looprl.models import load_model, load_tokenizer
 from looprl.training.trainer import Trainer
 from looprl.types import SamplingParams
@@ -283,9 +291,10 @@ def test_launching_sglang_passes_options_through(tmp_path):
         server_args=["--disable-radix-cache"],
     )
     check_placement(cfg, gpus=2)
-    cmd = sglang_command(cfg, tmp_path / "python", tmp_path / "v000000", 30000, "policy", "k")
-    flags = " ".join(cmd[1:])
-    assert flags.startswith("-m sglang.launch_server --model-path")
+    cmd = sglang_command(cfg, tmp_path / "python", tmp_path / "v000000", 30000, "policy")
+    assert cmd[1:3] == ["-c", LAUNCHER]  # python -m sglang.launch_server, keyed
+    flags = " ".join(cmd[3:])
+    assert flags.startswith("--model-path")
     for flag in (
         "--tp-size 2",
         "--mem-fraction-static 0.7",
@@ -294,10 +303,38 @@ def test_launching_sglang_passes_options_through(tmp_path):
         "--dtype bfloat16",
         "--served-model-name policy",
         "--host 127.0.0.1 --port 30000",
-        "--api-key k",
     ):
         assert flag in flags
     assert cmd[-1] == "--disable-radix-cache"
+
+
+def test_the_sglang_key_is_in_its_environment_never_on_a_command_line(tmp_path):
+    """/proc/<pid>/cmdline is readable by every user of the machine: the key goes in the
+    environment (readable by its user only), and the launcher hands it to SGLang's
+    argument parser inside the process. A stand-in `sglang.launch_server` reports what
+    it got."""
+    key = "the-sglang-key"
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "launch_server.py").write_text(
+        "import json, os, sys\n"
+        "if __name__ == '__main__':\n"
+        "    cmdline = open('/proc/self/cmdline', 'rb').read().decode()\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'cmdline': cmdline,\n"
+        f"                      'inherited': os.environ.get({KEY_VARIABLE!r})}}))\n"
+    )
+    cfg = EngineConfig(type="sglang", server_args=["--api-key", "not-this-one"])
+    cmd = sglang_command(cfg, Path(sys.executable), tmp_path / "v000000", 30000, "policy")
+    env = sglang_env(key)
+    assert env[KEY_VARIABLE] == key and not any(key in arg for arg in cmd)
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["argv"][:2] == ["--model-path", str(tmp_path / "v000000")]
+    assert seen["argv"][-2:] == ["--api-key", key]  # last: it wins over server_args'
+    assert key not in seen["cmdline"]
+    assert seen["inherited"] is None  # what SGLang starts does not get it
 
 
 async def test_the_servers_control_endpoints_need_its_key(server, engine):

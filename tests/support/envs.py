@@ -12,6 +12,8 @@ import asyncio
 import os
 import random
 import re
+import signal
+import subprocess
 import time
 
 from looprl.envs.base import InvalidAction
@@ -74,6 +76,14 @@ class CountEnv:
             time.sleep(3600)
         if action_text == "slow":
             time.sleep(1.0)
+        if action_text == "spawn":  # a process of the env's own, left running
+            child = subprocess.Popen(["sleep", "1000"])
+            return f"child {child.pid}", 1.0, False, {}
+        if action_text == "hang, deaf to SIGTERM":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(3600)
+        if action_text == "long":  # an observation far larger than a socket's buffer
+            return "x" * (3 << 20), 1.0, False, {}
         if action_text == "raise":
             raise RuntimeError("the env broke on purpose")
         if action_text == "nan":

@@ -1,10 +1,15 @@
+from dataclasses import replace
+
+import torch
 from typer.testing import CliRunner
 
 from looprl.cli import app
 from looprl.commands.show import PROMPT_STYLE, SAMPLED_STYLES, _ranges, tokens
+from looprl.rollout.outcome import RolloutResult
 from looprl.runs.paths import RunPaths, frame_file
 from looprl.runs.trajectories import step_path, step_rows, write_step
-from tests.support.trajectory_step import step_fixture, token_text
+from looprl.training.batch import build_batch
+from tests.support.trajectory_step import call, outcome, step_fixture, token_text
 
 
 def write_run(run_dir, steps=(1, 3)):
@@ -73,6 +78,25 @@ def test_show_names_a_corrupt_file(tmp_path):
     assert done.exit_code == 1
     assert done.output.startswith("error: ") and done.output.count("\n") == 1
     assert str(step_path(tmp_path, 3)) in done.output
+
+
+def test_show_prints_the_models_terminal_escapes_as_text(tmp_path):
+    """A completion may hold terminal escapes: OSC 52 writes the clipboard, CSI 2J clears
+    the screen, C1 CSI (0x9b) on some terminals. None reaches the terminal raw; newlines
+    and tabs do (rich writes a tab as spaces)."""
+    evil = "copy\x1b]52;c;ZWNobyBwd25lZA==\x07 then\x1b[2J clear\x9b\nnext\tline"
+    said = [{"role": "user", "content": evil}]
+    interaction = replace(call("e1", [1, 2], [5, 6], 3, said), output_text=evil)
+    rollout = RolloutResult([outcome([interaction], 1.0, "g\x1b[2J", "sE", 0)], elapsed_s=1.0)
+    batch, _ = build_batch(rollout.trajectories, "grpo", pad_token_id=0)
+    trainer = torch.full(batch.input_ids.shape, -0.25)
+    write_step(tmp_path, 1, step_rows(1, 1, rollout, batch, trainer, lambda ids: [evil] * len(ids)))
+    done = show(tmp_path)
+    assert done.exit_code == 0, done.output
+    assert not any(ord(c) < 0x20 and c not in "\n\t" or 0x7F <= ord(c) < 0xA0 for c in done.output)
+    shown = r"copy\x1b]52;c;ZWNobyBwd25lZA==\x07 then\x1b[2J clear\x9b" + "\nnext"
+    assert f"user: {shown}" in done.output and f"assistant (reply): {shown}" in done.output
+    assert r"group g\x1b[2J" in done.output  # every field of the row, not only the text
 
 
 def test_tokens_are_styled_by_the_loss_mask():

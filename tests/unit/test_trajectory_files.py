@@ -1,10 +1,13 @@
 import json
 import logging
 import math
+import tomllib
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from packaging.version import Version
 
 from looprl.config import MetricsConfig
 from looprl.runs.trajectories import (
@@ -232,3 +235,12 @@ def test_a_new_run_sets_earlier_files_aside_and_a_resumed_one_drops_redone_steps
         "step_000001.parquet",
         "step_000002.parquet",
     ]
+
+
+def test_pyarrow_is_one_that_reads_parquet_without_running_code():
+    """pyarrow 0.14 to 14.0.0 unpickles what a crafted Parquet file holds (CVE-2023-47248),
+    and `looprl view` and `looprl show` read Parquet files from run dirs."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    assert "pyarrow>=14.0.1" in dependencies
+    assert Version(pa.__version__) >= Version("14.0.1")

@@ -51,6 +51,17 @@ from looprl.types import Generation, SamplingParams
 log = logging.getLogger(__name__)
 
 DEFAULT_VENV = ".venv-sglang"
+# The server's key travels in its environment, as vLLM's does: on a command line,
+# /proc/<pid>/cmdline shows it to every user of the machine. SGLang reads its key only
+# from --api-key, so this launcher adds it to sys.argv inside the process (its spawned
+# workers get sys.argv by pipe, not on their command lines) and runs
+# `python -m sglang.launch_server`.
+KEY_VARIABLE = "LOOPRL_SERVER_API_KEY"
+LAUNCHER = (
+    "import os, runpy, sys; "
+    f"sys.argv += ['--api-key', os.environ.pop({KEY_VARIABLE!r})]; "
+    "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)"
+)
 
 
 class SGLangEngine(ServerEngine):
@@ -71,10 +82,10 @@ class SGLangEngine(ServerEngine):
         def process_for(model_dir: Path) -> ServerProcess:
             port, key = free_port(), secrets.token_urlsafe(32)
             return ServerProcess(
-                sglang_command(cfg, python, model_dir, port, served_name, key),
+                sglang_command(cfg, python, model_dir, port, served_name),
                 url=f"http://127.0.0.1:{port}",
                 log_path=log_path,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                env=sglang_env(key),
                 name="SGLang server",
                 api_key=key,
             )
@@ -185,19 +196,12 @@ class SGLangEngine(ServerEngine):
 
 
 def sglang_command(
-    cfg: EngineConfig,
-    python: Path,
-    model_dir: Path,
-    port: int,
-    served_name: str,
-    api_key: str,
+    cfg: EngineConfig, python: Path, model_dir: Path, port: int, served_name: str
 ) -> list[str]:
-    """`python -m sglang.launch_server` with the engine options passed through, on
-    127.0.0.1 with `api_key` (SGLang requires it on every path but /health and
-    /metrics, its weight-loading and memory endpoints included)."""
-    cmd = [str(python), "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+    """`python -m sglang.launch_server` (through `LAUNCHER`) with the engine options
+    passed through, on 127.0.0.1; the key is not among them (`sglang_env`)."""
+    cmd = [str(python), "-c", LAUNCHER, "--model-path", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype]
-    cmd += ["--api-key", api_key]
     cmd += ["--served-model-name", served_name, "--tp-size", str(cfg.tensor_parallel_size)]
     if cfg.gpu_memory_fraction is not None:
         cmd += ["--mem-fraction-static", str(cfg.gpu_memory_fraction)]
@@ -206,3 +210,10 @@ def sglang_command(
     if cfg.max_model_len is not None:
         cmd += ["--context-length", str(cfg.max_model_len)]
     return cmd + list(cfg.server_args)
+
+
+def sglang_env(api_key: str) -> dict[str, str]:
+    """The server's environment: ours, offline for the hub, and `api_key` for LAUNCHER to
+    hand SGLang as --api-key (which it requires on every path but /health and /metrics,
+    its weight-loading and memory endpoints included)."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", KEY_VARIABLE: api_key}
