@@ -113,7 +113,11 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
-                rollout = await controller.prepare_batch(rows, first_position=rows.position)
+                rollout = await opened.checking_reward(  # a judge that is down stops the run
+                    controller.prepare_batch(rows, first_position=rows.position),
+                    cfg.reward.max_failure_rate,
+                    cfg.rollout.batch_size * cfg.rollout.group_size,
+                )
                 # Before the update lets the next batch's rollouts start: this batch's
                 # reward counters, and those of an evaluation run since the last step.
                 reward_stats = opened.reward_stats()

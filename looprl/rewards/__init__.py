@@ -6,7 +6,10 @@ A Reward scores one rollout inside `async with reward.rollout(row) as score:` ..
 spans the whole rollout so that a group judge knows how many rollouts of a row are
 still coming and can score them in one call. `take_stats()` returns the counters
 (`reward_code_timeouts`, `reward_judge_failures`, ...) since its last call, for the
-step's metrics record, and `aclose()` releases what it holds (a judge's HTTP client).
+step's metrics record; `check_failures(max_rate, min_judgments)` raises RewardFailed
+when too many of the rollouts since then could not be scored (a judge that is down),
+which stops the training run; and `aclose()` releases what it holds (a judge's HTTP
+client).
 Knows nothing of training; `open_reward` starts what a reward needs (the judge's local
 engine, on the model and precision start-up resolved) and stops it.
 """
@@ -27,11 +30,18 @@ Scorer = Callable[[str, str], Awaitable[float | None]]
 RewardFn = Callable[..., float]  # reward_fn(prompt, completion, **row) -> float
 
 
+class RewardFailed(RuntimeError):
+    """The reward could not score more of a step's rollouts than reward.max_failure_rate
+    allows (a judge that is down): the training run stops."""
+
+
 @runtime_checkable
 class Reward(Protocol):
     def rollout(self, row: dict) -> AbstractAsyncContextManager[Scorer]: ...
 
     def take_stats(self) -> dict[str, int]: ...
+
+    def check_failures(self, max_rate: float, min_judgments: int) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -51,6 +61,9 @@ class FunctionReward:
 
     def take_stats(self) -> dict[str, int]:
         return {}
+
+    def check_failures(self, max_rate: float, min_judgments: int) -> None:
+        """A function always scores (one that raises fails its rollout, counted)."""
 
     async def aclose(self) -> None:
         pass

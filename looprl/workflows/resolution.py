@@ -5,17 +5,19 @@ built-in ones take from other sections (the reward, the task's prompt field, the
 section, the run's frames folder). `open_workflow` is the one way a command gets a
 workflow: the reward opened first (the judge's engine started where it needs one), the
 workflow built on it, and on exit the workflow closed (`close_workflow`: an
-EnvWorkflow's worker processes stop), then the reward.
+EnvWorkflow's worker processes stop), then the reward. `OpenedWorkflow.checking_reward`
+waits for a batch while checking that the reward can still score it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from looprl.config import ENV_WORKFLOW, VERIFIERS_WORKFLOW, Config
 from looprl.rewards import Reward, build_reward, open_reward
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
     from looprl.startup import LocalModel
 
 RLVR_WORKFLOW = "looprl.workflows:RLVRWorkflow"
+REWARD_CHECK_EVERY_S = 1.0  # how often a batch being filled checks the reward's failures
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,25 @@ class OpenedWorkflow:
     def reward_stats(self) -> dict[str, int]:
         """The reward's counters since the last call (none without a reward)."""
         return {} if self.reward is None else self.reward.take_stats()
+
+    async def checking_reward(
+        self, batch: Awaitable[T], max_failure_rate: float, min_judgments: int
+    ) -> T:
+        """`batch` (a step's rollouts being collected), with the reward's
+        `check_failures(max_failure_rate, min_judgments)` every REWARD_CHECK_EVERY_S and
+        once it is in (before `reward_stats` starts the next count). A judge that is
+        down rejects every rollout, so the batch would never fill: its RewardFailed
+        cancels the batch and stops the run instead."""
+        if self.reward is None:
+            return await batch
+        task = asyncio.ensure_future(batch)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=REWARD_CHECK_EVERY_S)
+                self.reward.check_failures(max_failure_rate, min_judgments)
+        finally:
+            task.cancel()  # still filling: the reward failed, or this wait was cancelled
+        return task.result()
 
 
 def uses_configured_reward(cfg: Config) -> bool:
@@ -81,7 +105,9 @@ def configured_workflow(
     verifiers environment task.dataset names."""
     kwargs = dict(cfg.workflow.kwargs)
     if cfg.workflow.mode == "subprocess":
-        return AgentProcess(cfg.workflow.command, **kwargs)
+        return AgentProcess(
+            cfg.workflow.command, env_passthrough=cfg.workflow.env_passthrough, **kwargs
+        )
     if cfg.workflow.path == RLVR_WORKFLOW:
         if "reward_fn" not in kwargs:
             kwargs["reward_fn"] = reward or build_reward(cfg, task)
