@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu fuzz lint format clean-venv chromium
+.PHONY: demo test test-gpu fuzz lint format clean-venv chromium bubblewrap
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,7 +42,19 @@ chromium:
 			|| echo "could not install chromium: the viewer's browser tests will skip"; \
 	fi
 
-test: lint chromium
+# The code reward's sandbox is Debian's bubblewrap: installed the same way where it can
+# be (tests that need it skip elsewhere, saying so).
+bubblewrap:
+	@if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		echo "== installing Debian's bubblewrap for the code reward's sandbox =="; \
+		$$sudo apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+			|| { $$sudo apt-get update -q >/dev/null 2>&1 \
+				&& $$sudo apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
+			|| echo "could not install bubblewrap: the sandbox tests will skip"; \
+	fi
+
+test: lint chromium bubblewrap
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		echo "== engine and training tests on a CPU forced to AVX2 (LOOPRL_FORCE_CPU=avx2) =="; \
 		LOOPRL_FORCE_CPU=avx2 $(BIN)/pytest -q -p no:cacheprovider -m kernels tests; \

@@ -93,6 +93,8 @@ def train(
     from looprl.loop import Stopped
     from looprl.loop import train as run_training
     from looprl.precision import PrecisionError
+    from looprl.rewards import RewardFailed
+    from looprl.rewards.sandbox import SandboxUnavailable
     from looprl.runs.checkpoint import RecoverError
 
     _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
@@ -103,6 +105,9 @@ def train(
     except (RecoverError, PrecisionError, ConfigError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+    except (RewardFailed, SandboxUnavailable) as e:  # a judge that is down, no box here
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
     except Stopped as e:
         console.print(str(e))
         raise typer.Exit(128 + e.signum) from None

@@ -3,7 +3,8 @@
 Owns the checks: torch and CUDA, the CPU (kind, ISA flags) and the precision `auto`
 picks for the engine and the trainer with the cost of forcing the other, GPUs visible
 vs what the config uses, NCCL variables, the Ray address and the IP a node would
-announce, the gateway port, disk space for checkpoints, and simulator rendering
+announce, the gateway port, disk space for checkpoints, the code reward's sandbox
+(bubblewrap, probed with a real box), and simulator rendering
 (looprl/diagnostics/rendering.py: NVIDIA EGL, Vulkan, MUJOCO_GL as set or as env workers
 pick it, pygame). Each returns a `Check`; nothing here changes the machine.
 """
@@ -37,8 +38,29 @@ def run_checks(cfg: Config) -> list[Check]:
         check_node_ip(),
         check_port(cfg.gateway.host, cfg.gateway.port),
         check_disk(Path(cfg.run.fileroot)),
+        check_sandbox(cfg),
         *check_rendering(),
     ]
+
+
+def check_sandbox(cfg: Config) -> Check:
+    """Whether reward.type=code can make its box here (a failure only where the config
+    uses it)."""
+    from looprl.rewards.sandbox import bubblewrap_missing
+
+    uses = cfg.reward.type == "code"
+    if cfg.reward.code.isolation == "unisolated":
+        return Check("code sandbox", "warn" if uses else "ok",
+                     "reward.code.isolation=unisolated: programs run without a box",
+                     "set reward.code.isolation=bubblewrap")  # fmt: skip
+    why = bubblewrap_missing()
+    if why is None:
+        who = "as root, a user id per box" if os.geteuid() == 0 else "a user namespace per box"
+        return Check("code sandbox", "ok", f"bubblewrap makes boxes here ({who})")
+    status = "fail" if uses else "ok"
+    detail = why if uses else f"not used (reward.type={cfg.reward.type}); {why}"
+    fix = "see the reason; or, unsafe, set reward.code.isolation=unisolated" if uses else ""
+    return Check("code sandbox", status, detail, fix)
 
 
 def check_torch() -> Check:

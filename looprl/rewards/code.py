@@ -1,11 +1,15 @@
-"""reward.type=code: the fraction of the row's tests the model's program passes.
+"""reward.type=code: the fraction of the row's tests the model's program passes, judged
+outside the program.
 
 The program is the last ```python (or plain ```) fenced block of the completion, else
-the whole completion. The tests are the row's `reward.code.tests_field`: a list of
-snippets (e.g. `assert f(2) == 4`), each run after the program in its own sandbox, or
-one test script. A sandbox that could not run (not the program failing) rejects the
-rollout and is counted as `reward_code_sandbox_errors`: the model is not punished for
-the machine.
+the whole completion. The tests are the row's `reward.code.tests_field`: a list of test
+scripts or stdin/stdout cases (looprl/rewards/cases.py), each run with the program in a
+box of its own (looprl/rewards/sandbox.py). What the box sends back is data; the
+verdict is made here. A program that crashes, exits early, truncates its output, writes
+on looprl's results pipe or kills itself fails its test (0 for it). Only a box that
+looprl could not start is a sandbox error: the rollout is rejected (the model is not
+punished for the machine), the first one is logged, and `check_failures` stops the run
+when a step's sandbox errors pass `reward.max_failure_rate`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from looprl.config import CodeRewardConfig
-from looprl.rewards import Scorer
+from looprl.rewards import RewardFailed, Scorer
+from looprl.rewards.cases import ScriptTest, Test, judge_script, judge_stdio, parse_test
 from looprl.rewards.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -37,22 +42,29 @@ def extract_program(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def tests_of(row: dict, field: str) -> list[str]:
-    """The row's tests as a list of snippets (one test script is a list of one)."""
+def tests_of(row: dict, field: str) -> list[Test]:
+    """The row's tests, each parsed (a test script alone is a list of one); raises
+    ValueError naming the field and the test when one cannot be judged."""
     if field not in row:
         raise KeyError(
             f"dataset row has no field {field!r} (fields: {sorted(row)}); set "
             "reward.code.tests_field"
         )
     tests = row[field]
-    if isinstance(tests, str):
+    if isinstance(tests, str | dict):
         tests = [tests]
-    if not tests or not all(isinstance(t, str) for t in tests):
+    if not isinstance(tests, list) or not tests:
         raise ValueError(
-            f"row field {field!r} must be a test script or a non-empty list of test "
-            f"snippets (strings), got {tests!r:.200}"
+            f"row field {field!r} must be a test script, a stdin/stdout case, or a non-empty "
+            f"list of them, got {tests!r:.200}"
         )
-    return list(tests)
+    parsed = []
+    for index, test in enumerate(tests):
+        try:
+            parsed.append(parse_test(test))
+        except ValueError as e:
+            raise ValueError(f"row field {field!r}, test {index}: {e}") from None
+    return parsed
 
 
 class CodeReward:
@@ -61,6 +73,7 @@ class CodeReward:
         self.sandbox = Sandbox(cfg)
         self._counts: Counter[str] = Counter()
         self._warned = False
+        self._last_error = ""
 
     @contextlib.asynccontextmanager
     async def rollout(self, row: dict) -> AsyncIterator[Scorer]:
@@ -73,35 +86,66 @@ class CodeReward:
         pass
 
     async def score(self, completion: str, row: dict) -> float | None:
-        """Tests passed / tests, or None when the sandbox itself failed."""
+        """Tests passed / tests, or None when a box could not be started."""
         tests = tests_of(row, self.cfg.tests_field)
         program = extract_program(completion)
+        self._counts["reward_code_rollouts"] += 1
         passed = 0
         for test in tests:
-            run = await self.sandbox.run(program, test)
+            verdict = await self.run_test(program, test)
             self._counts["reward_code_tests"] += 1
-            if run.status == "sandbox_error":
+            if verdict is None:
                 self._counts["reward_code_sandbox_errors"] += 1
-                if not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "The code sandbox failed to run a test (%s); the rollout is "
-                        "rejected, later failures are counted as reward_code_sandbox_errors",
-                        run.output.strip()[-300:],
-                    )
                 return None
-            self._counts["reward_code_timeouts"] += run.status == "timed_out"
-            passed += run.status == "passed"
+            passed += verdict
         self._counts["reward_code_tests_passed"] += passed
         return passed / len(tests)
 
+    async def run_test(self, program: str, test: Test) -> bool | None:
+        """Whether `program` passes `test`; None when the box could not start."""
+        if isinstance(test, ScriptTest):
+            run = await self.sandbox.run(program, test.script)
+        else:
+            run = await self.sandbox.run(program, None, test.input)
+        if not run.started:
+            self._last_error = run.output.strip()[-300:]
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "The code sandbox could not start a box (%r); the rollout is rejected, "
+                    "later ones are counted as reward_code_sandbox_errors",
+                    self._last_error,
+                )
+            return None
+        self._counts["reward_code_timeouts"] += run.timed_out
+        self._counts["reward_code_over_budget"] += run.killed_for is not None
+        if run.timed_out or run.killed_for:
+            return False
+        if isinstance(test, ScriptTest):
+            return judge_script(test, run.records)[0]
+        return judge_stdio(test, run.stdout, run.returncode)[0]
+
+    def check_failures(self, max_rate: float, min_judgments: int) -> None:
+        """Raise RewardFailed when more than `max_rate` of the rollouts since the last
+        `take_stats` (at least `min_judgments`) found no box to run in."""
+        errors, rollouts = (
+            self._counts["reward_code_sandbox_errors"],
+            self._counts["reward_code_rollouts"],
+        )
+        if errors > max_rate * max(rollouts, min_judgments):
+            raise RewardFailed(
+                f"the code sandbox could not start a box for {errors} of {rollouts} rollouts "
+                f"this step ({errors / rollouts:.0%}), more than reward.max_failure_rate="
+                f"{max_rate:g} allows. Its last error: {self._last_error}"
+            )
+
     def take_stats(self) -> dict[str, int]:
-        names = ["reward_code_tests", "reward_code_tests_passed", "reward_code_timeouts"]
-        stats = {name: self._counts[name] for name in [*names, "reward_code_sandbox_errors"]}
+        names = ["rollouts", "tests", "tests_passed", "timeouts", "over_budget", "sandbox_errors"]
+        stats = {f"reward_code_{n}": self._counts[f"reward_code_{n}"] for n in names}
         self._counts.clear()
         return stats
 
     def __repr__(self) -> str:
         return (
-            f"code reward (tests in row field {self.cfg.tests_field!r}, {self.sandbox.isolation})"
+            f"code reward (tests in row field {self.cfg.tests_field!r}, {self.sandbox.describe()})"
         )

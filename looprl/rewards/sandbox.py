@@ -1,270 +1,563 @@
-"""Running untrusted Python (a model's program) in a subprocess that cannot harm the host.
+"""Running untrusted Python (a model's program) in a box that cannot harm the host, and
+bringing back data, never a verdict.
 
-One run: a fresh temporary work dir (removed afterwards) holding the program, started
-as `python -I` with a scrubbed environment, under resource limits set before exec
-(CPU time, address space, file size, process count) and a wall-clock timeout that
-kills everything it started. With `isolation=namespaces` it also runs in new user,
-network, PID and mount namespaces (`unshare`): no network interface but a loopback
-that is down, its own process tree (all of it killed when the run ends), every mount
-read-only except the work dir, no capabilities, and RLIMIT_NPROC counted inside its own
-user namespace, so it holds even when looprl runs as root. Without namespaces
-(`rlimits`) the program can reach the network and write wherever the user running
-looprl can; as root there is no process limit either (the kernel exempts root).
+The box (`isolation=bubblewrap`, the default) is Debian's bubblewrap: a root file system
+of its own holding only the read-only interpreter and system libraries (`/usr`, the
+Python prefix), a size-capped tmpfs as its work dir (`/work`, also its `/tmp` and
+`/dev/shm`), its own `/proc` of its own PID namespace, a network namespace with nothing
+in it (no host Unix sockets, abstract ones included), no `$HOME`, `/run`, `/etc`, host
+`/tmp` or run directory, an empty environment, and no capabilities. Nothing started in
+it outlives it: its PID namespace dies with it. The same box is built as root and as a
+normal user; what differs is how the box's processes get a user of their own:
 
-A run passes when the program exits 0 *and* prints the per-run token it read from
-stdin after everything else ran: `sys.exit(0)` or `os._exit(0)` halfway is a failure.
-The sandbox contains a program; it does not prove the program honest (code that digs
-the token out of the interpreter's frames can still forge a pass).
+- as a normal user, bubblewrap makes a user namespace (unprivileged);
+- as root, bubblewrap runs privileged and the box drops to a user id of its own, one per
+  concurrent box (`_BoxUids`, claimed with a lock file), so the kernel counts each box's
+  processes apart (it never limits root's) and no box can signal another.
 
-Owns: the isolation probe, one run's limits and its cleanup. Not what is run.
+Budgets are per box: `max_processes` (RLIMIT_NPROC, counted in the box's own user
+namespace or for its own user id, set by the harness inside), `memory_mb` (the resident
+memory of all the box's processes, summed every 50 ms, the box killed beyond it; also
+each process's address space), `disk_mb` (the tmpfs), `cpu_time_s` per process and a
+wall clock (`timeout_s`) that kills the box. cgroups are not used: this code has only run
+where no cgroup v2 memory or pids controller was delegated.
+
+Where bubblewrap cannot make a box (not installed, user namespaces forbidden), the
+sandbox refuses to start with the reason and the fix. `isolation=unisolated` is the
+explicit opt-in to running programs without a box, as the user running looprl, with
+resource limits, an empty environment and a temporary work dir only; it warns loudly
+and stops far less (README, Security; tests/support/hostile.py lists what gets out).
+
+What comes back is data: whether looprl's harness started (said on a pipe the harness
+closes before the program runs; if not, the box failed: a sandbox error), the records
+the harness wrote on a second pipe (the values a test asked for, see
+looprl/rewards/cases.py; a program that writes there or drains it only fails itself),
+the program's stdout and the tail of its stderr. The program's exit status and output
+are inputs to the verdict, which is made outside the box (looprl/rewards/code.py).
+
+Owns: building the box, one run's budgets and its cleanup. Not what is run or judged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import logging
 import os
+import random
 import resource
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from looprl.config import CodeRewardConfig
 
 log = logging.getLogger(__name__)
 
-Status = Literal["passed", "failed", "timed_out", "sandbox_error"]
+# The harness runs first in the box, as the box's user: it reads the task (the fd in
+# argv[1]), caps the box's processes, says it started on the pipe in argv[2] and closes
+# it, then runs the program; results go on the pipe in argv[3].
+# With a script (a test's statements), it runs the script after the program in the same
+# scope; the script calls __looprl_emit__(site, *leaves) for each value a test asks for,
+# which writes the values as plain, tagged JSON. Without a script (a stdin/stdout case),
+# the results pipe is closed before the program runs: its stdout is the answer.
+_HARNESS = r"""
+import json, os, resource, sys
 
-# Runs inside the namespaces, with their capabilities, before the program: the work dir
-# stays writable (its own bind mount), every other mount becomes read-only, then every
-# capability is dropped and the program starts. As root it also drops to user nobody
-# (the kernel never applies RLIMIT_NPROC to root), reaching the interpreter through a
-# bind mount of its prefix inside the work dir (it may live under /root). The shell
-# stays the namespace's PID 1 and exits with the program's status (128 + N for signal
-# N), which `unshare` passes on.
-_INIT = r"""
-set -e
-box=$1 prefix=$2 user=$3
-shift 3
-mount --bind "$box" "$box"
-if [ -n "$prefix" ]; then
-  mkdir "$box/.python"
-  mount --bind "$prefix" "$box/.python"
-fi
-for target in $(awk '{print $5}' /proc/self/mountinfo); do
-  [ "$target" = "$box" ] && continue
-  mount -o remount,bind,ro "$target" 2>/dev/null || true
-done
-if [ -w /etc ]; then echo "looprl sandbox: / is still writable" >&2; exit 125; fi
-cd "$box"
-set +e
-if [ -n "$user" ]; then
-  setpriv --reuid="$user" --regid="$user" --clear-groups --no-new-privs \
-    --bounding-set=-all --inh-caps=-all -- "$@"
-else
-  setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"
-fi
-exit $?
-"""
+def _encode(value):
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is list:
+        return [_encode(v) for v in value]
+    if kind is tuple:
+        return {"$tuple": [_encode(v) for v in value]}
+    if kind in (set, frozenset):
+        return {"$" + kind.__name__: [_encode(v) for v in value]}
+    if kind is dict:
+        return {"$dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"$bytes": value.hex()}
+    raise TypeError(f"a {kind.__name__} is not plain data (None, bool, int, float, str, "
+                    "bytes, list, tuple, set, frozenset, dict)")
 
-# The program's entry point: says it started (output without that line means the
-# sandbox, not the program, failed), reads the run's token, runs program then test in
-# one namespace, and prints the token only if both ran to the end.
-_STARTED = b"looprl sandbox: the program starts\n"
-_HARNESS = """\
-import os, sys
 def _main():
-    os.write(1, b"looprl sandbox: the program starts\\n")
-    token = sys.stdin.readline().strip()
-    sys.stdin = open(os.devnull)
+    with os.fdopen(int(sys.argv[1]), "rb") as f:
+        task = json.loads(f.read())
+    cap = task["max_processes"]
+    if cap:
+        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
+    os.write(int(sys.argv[2]), b"started\n")
+    os.close(int(sys.argv[2]))
+    results = os.fdopen(int(sys.argv[3]), "w")
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    for name in ("program.py", "test.py"):
-        with open(name) as f:
-            source = f.read()
-        exec(compile(source, name, "exec"), scope)
-    sys.stdout.flush()
-    os.write(1, ("\\n" + token + "\\n").encode())
+    if task["script"] is None:
+        results.close()
+        exec(compile(task["program"], "program.py", "exec"), scope)
+        return
+
+    def emit(site, *leaves):
+        values = []
+        for leaf in leaves:
+            try:
+                values.append({"value": _encode(leaf())})
+            except Exception as e:
+                values.append({"error": f"{type(e).__name__}: {e}"[:300]})
+        results.write(json.dumps({"site": site, "values": values}) + "\n")
+        results.flush()
+
+    sys.stdin = open(os.devnull)
+    exec(compile(task["program"], "program.py", "exec"), scope)
+    scope["__looprl_emit__"] = emit
+    exec(compile(task["script"], "test.py", "exec"), scope)
+    results.write('{"done": true}\n')
+    results.flush()
+
 _main()
 """
 
+_RESULTS_CAP = 1 << 20  # bytes of results kept; a box that writes more has failed
+_OUTPUT_TAIL = 4000  # characters of stderr kept for the logs and the viewer
+_POLL_S = 0.05
+
 
 @dataclass(frozen=True)
-class SandboxRun:
-    status: Status
+class BoxRun:
+    """What one run of the box gave. Data for the verdict, never the verdict."""
+
+    started: bool  # looprl's harness ran (False: the box itself failed)
+    timed_out: bool  # the wall clock or the CPU limit ended it
     returncode: int | None
-    output: str  # the program's stdout and stderr, the end of it
+    records: list[dict]  # the results pipe's JSON lines, in order ([] if any was not JSON)
+    stdout: str  # the program's stdout (a stdin/stdout case's answer), at most max_output_bytes
+    output: str  # the end of its stderr (and stdout when a script ran)
     elapsed_s: float
+    killed_for: str | None = None  # "memory", "results": a budget the box went past
+    problems: list[str] = field(default_factory=list)  # what looked tampered with
 
 
-_NOBODY = 65534
-_UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
-_UNSHARE += ["--propagation", "private"]
-
-
-def _command(box: Path, isolation: str) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that run main.py in `box` under `isolation`."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(box), "LANG": "C.UTF-8"}
-    python = os.path.realpath(sys.executable)
-    if isolation == "rlimits":
-        return [python, "-I", "-S", "main.py"], env
-    if os.geteuid() != 0:  # a user namespace gives the mounts; this user's processes count
-        return [*_UNSHARE, "--map-root-user", "sh", "-c", _INIT, "sh", str(box), "", "", python,
-                "-I", "-S", "main.py"], env  # fmt: skip
-    prefix = os.path.realpath(sys.base_prefix)
-    inside = Path(".python") / Path(python).relative_to(prefix)
-    env["LD_LIBRARY_PATH"] = str(box / ".python" / "lib")  # its libpython, by this path
-    os.chown(box, _NOBODY, _NOBODY)
-    box.parent.chmod(0o711)  # nobody may pass through to the box, not read beside it
-    return [*_UNSHARE, "sh", "-c", _INIT, "sh", str(box), prefix, str(_NOBODY), str(inside),
-            "-I", "-S", "main.py"], env  # fmt: skip
-
-
-def namespaces_available() -> str | None:
-    """None when this machine runs the namespaced sandbox (probed with a program that
-    passes), else why not."""
-    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        return "the `unshare` and `setpriv` commands (util-linux) are not installed"
-    workdir = Path(tempfile.mkdtemp(prefix="looprl-sandbox-"))
-    try:
-        box = workdir / "box"
-        box.mkdir()
-        for name, text in (("program.py", ""), ("test.py", ""), ("main.py", _HARNESS)):
-            (box / name).write_text(text)
-        command, env = _command(box, "namespaces")
-        done = subprocess.run(
-            command, input=b"probe\n", capture_output=True, cwd=box, env=env, timeout=60
+def bubblewrap_missing() -> str | None:
+    """None where bubblewrap makes a working box here (probed with a real run), else
+    why not, with the fix."""
+    if shutil.which("bwrap") is None:
+        return (
+            "Debian's bubblewrap is not installed (no `bwrap` on PATH); install it "
+            "(`apt-get install bubblewrap`, or your distribution's package)"
         )
-    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-        return f"the namespaced sandbox could not start: {e}"
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    if done.returncode != 0 or not done.stdout.strip().endswith(b"probe"):
-        output = (done.stdout + done.stderr).decode(errors="replace").strip()
-        return f"`unshare` failed (exit {done.returncode}): {output[-300:]}"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "util-linux's `setpriv` is not installed (the box drops root with it)"
+    try:
+        with _BoxUids().claim() if os.geteuid() == 0 else contextlib.nullcontext() as uid:
+            done = subprocess.run(
+                [*_box_command(1 << 20, uid), "-c", "0"], capture_output=True, timeout=60
+            )
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap could not start: {e}"
+    if done.returncode != 0:
+        error = done.stderr.decode(errors="replace").strip()[-300:]
+        return (
+            f"bubblewrap failed to make a box (exit {done.returncode}: {error}); where user "
+            "namespaces are forbidden, allow them (`sysctl kernel.unprivileged_userns_clone=1`"
+            "; on Ubuntu, an AppArmor profile for bwrap), or run looprl as root"
+        )
     return None
 
 
-class Sandbox:
-    """Runs programs under `cfg`'s limits, at most `cfg.max_concurrent` at once.
+def _system_mounts() -> list[str]:
+    """bubblewrap arguments for the system's read-only interpreter and libraries: /usr,
+    the merged-/usr links (or directories) beside it, and Python's prefix."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    return args
 
-    `isolation` is what this machine gives: 'namespaces' or 'rlimits' (decided once, at
-    construction, and logged when it is less than asked)."""
+
+def _box_command(disk_bytes: int, uid: int | None, info_fd: int | None = None) -> list[str]:
+    """The argv that starts the interpreter in a new box (the harness or probe follows);
+    `uid` is the box's own user id when looprl runs as root."""
+    args = ["bwrap", "--die-with-parent", "--new-session", "--clearenv"]
+    for name, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("LANG", "C.UTF-8"),
+                        ("TMPDIR", "/tmp")):  # fmt: skip
+        args += ["--setenv", name, value]
+    args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    args += ["--unshare-cgroup-try"]
+    if uid is None:  # a normal user: a user namespace, and none nested in it
+        args += ["--unshare-user", "--disable-userns"]
+    args += _system_mounts()
+    args += ["--proc", "/proc", "--dir", "/dev"]
+    for device in ("null", "zero", "random", "urandom"):
+        args += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
+    args += ["--symlink", "/proc/self/fd", "/dev/fd"]
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{number}", f"/dev/{name}"]
+    args += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/work"]
+    for inside, outside in ((".tmp", "/tmp"), (".shm", "/dev/shm")):
+        args += ["--perms", "1777", "--dir", f"/work/{inside}", "--symlink", f"/work/{inside}",
+                 outside]  # fmt: skip
+    args += ["--chdir", "/work", "--remount-ro", "/"]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    if uid is not None:  # root: the box's processes run as a user id of their own
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "setpriv",
+                 f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+                 "--bounding-set=-all", "--inh-caps=-all", "--"]  # fmt: skip
+    return [*args, os.path.realpath(sys.executable), "-I", "-S"]
+
+
+class _BoxUids:
+    """User ids for boxes started by root, one per box running on this machine: a box
+    claims one by locking its file (the lock goes with the process that held it), so
+    looprl processes side by side never share one."""
+
+    FIRST = 1_900_000_000
+    COUNT = 4096
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.gettempdir()) / "looprl-sandbox-uids"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        if self.dir.stat().st_uid != 0 or self.dir.is_symlink():
+            raise RuntimeError(f"{self.dir} is not root's own directory; remove it")
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[int]:
+        start = random.randrange(self.COUNT)
+        for n in range(self.COUNT):
+            uid = self.FIRST + (start + n) % self.COUNT
+            fd = os.open(self.dir / str(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield uid
+            finally:
+                os.close(fd)  # releases the lock
+            return
+        raise RuntimeError(f"all {self.COUNT} sandbox user ids are in use on this machine")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No box can be made here, and isolation=unisolated was not asked for."""
+
+
+class Sandbox:
+    """Runs programs in boxes under `cfg`'s budgets, at most `cfg.max_concurrent` at once.
+
+    The isolation is decided once, here: bubblewrap must work (else this raises with the
+    reason and the fix), or `cfg.isolation='unisolated'` was asked for."""
 
     def __init__(self, cfg: CodeRewardConfig):
         self.cfg = cfg
         self._slots = asyncio.Semaphore(cfg.max_concurrent)
-        self.isolation = "rlimits"
-        if cfg.isolation != "rlimits":
-            why = namespaces_available()
-            if why is None:
-                self.isolation = "namespaces"
-                log.info(
-                    "The code sandbox runs programs in their own user, network, PID and "
-                    "mount namespaces (no network, read-only file system but their work dir)"
+        self.isolation = cfg.isolation
+        self.as_root = os.geteuid() == 0
+        self._uids = _BoxUids() if self.as_root and cfg.isolation == "bubblewrap" else None
+        if self.isolation == "bubblewrap":
+            why = bubblewrap_missing()
+            if why is not None:
+                raise SandboxUnavailable(
+                    f"reward.type=code runs the model's programs in a box, and none can be "
+                    f"made here: {why}. To run them without isolation anyway (they can then "
+                    "read this user's files and reach the network), set "
+                    "reward.code.isolation=unisolated"
                 )
-            elif cfg.isolation == "namespaces":
-                raise RuntimeError(
-                    f"reward.code.isolation=namespaces, but {why}; run where user namespaces "
-                    "are allowed, or set reward.code.isolation=rlimits to accept a program "
-                    "that can reach the network and write the user's files"
-                )
-            else:
-                log.warning(
-                    "The code sandbox runs without namespaces (%s): programs get resource "
-                    "limits and a temporary directory, but can reach the network and write "
-                    "wherever this user can%s. Set reward.code.isolation=namespaces to refuse "
-                    "to run like this",
-                    why,
-                    ", with no process limit (root)" if os.geteuid() == 0 else "",
-                )
+            log.info("The code sandbox runs programs in %s", self.describe())
+        else:
+            log.warning(
+                "reward.code.isolation=unisolated: the model's programs run WITHOUT a box, "
+                "as %s. They get resource limits, an empty environment and a temporary work "
+                "dir, but can read whatever this user can (its files, this process's "
+                "environment), reach the network, write outside their work dir, start "
+                "processes past any cap and leave them running. Use it only for programs you "
+                "would run yourself",
+                "root" if self.as_root else "this user",
+            )
 
-    async def run(self, program: str, test: str) -> SandboxRun:
-        """Run `program` then `test` in one interpreter; never raises for what they do."""
+    def describe(self) -> str:
+        """One line: what isolates a program here."""
+        if self.isolation == "unisolated":
+            return "no box (reward.code.isolation=unisolated)"
+        who = "a user id of its own per box (root)" if self.as_root else "a user namespace"
+        return (
+            f"a bubblewrap box ({who}; no network, its own PID namespace and read-only root, "
+            f"a {self.cfg.disk_mb} MiB work dir, {self.cfg.memory_mb} MiB and "
+            f"{self.cfg.max_processes} processes per box)"
+        )
+
+    async def run(self, program: str, script: str | None = None, stdin: str = "") -> BoxRun:
+        """Run `program`, then `script` in its scope (or, without a script, `program`
+        alone reading `stdin`). Never raises for what the program does."""
         async with self._slots:
             start = time.monotonic()
-            workdir = Path(tempfile.mkdtemp(prefix="looprl-sandbox-"))
-            try:
-                return await self._run_in(workdir, program, test, start)
-            except (OSError, ValueError) as e:
-                error = f"{type(e).__name__}: {e}"
-                return SandboxRun("sandbox_error", None, error, time.monotonic() - start)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+            with contextlib.ExitStack() as stack:
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="looprl-")))
+                uid = stack.enter_context(self._uids.claim()) if self._uids else None
+                try:
+                    return await self._run(workdir, uid, program, script, stdin, start)
+                except (OSError, ValueError, RuntimeError) as e:
+                    error = f"{type(e).__name__}: {e}"
+                    return BoxRun(False, False, None, [], "", error, time.monotonic() - start)
 
-    async def _run_in(self, workdir: Path, program: str, test: str, start: float) -> SandboxRun:
-        box = workdir / "box"  # the program's; the output file beside it is not
-        box.mkdir()
-        (box / "program.py").write_text(program)
-        (box / "test.py").write_text(test)
-        (box / "main.py").write_text(_HARNESS)
-        command, env = _command(box, self.isolation)
-        token = secrets.token_hex(16)
-        with open(workdir / "output", "w+b") as output:
+    async def _run(self, workdir: Path, uid: int | None, program: str, script: str | None,
+                   stdin: str, start: float) -> BoxRun:  # fmt: skip
+        cfg = self.cfg
+        task = {"program": program, "script": script, "max_processes": self._process_cap()}
+        (workdir / "task").write_text(json.dumps(task))
+        (workdir / "stdin").write_text(stdin)
+        files = {
+            name: open(workdir / name, mode)  # noqa: SIM115 (closed below)
+            for name, mode in (
+                ("task", "rb"),
+                ("stdin", "rb"),
+                ("stdout", "w+b"),
+                ("stderr", "w+b"),
+            )  # fmt: skip
+        }
+        started_r, started_w = os.pipe()
+        results_r, results_w = os.pipe()
+        info_r, info_w = os.pipe()
+        os.set_blocking(info_r, False)
+        os.set_blocking(started_r, False)
+        try:
+            if self.isolation == "bubblewrap":
+                command = _box_command(cfg.disk_mb << 20, uid, info_fd=info_w)
+                env = {}
+            else:
+                command = [os.path.realpath(sys.executable), "-I", "-S"]
+                env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
+                       "TMPDIR": str(workdir)}  # fmt: skip
+                (workdir / "box").mkdir()
+            fd_task = files["task"].fileno()
             process = await asyncio.create_subprocess_exec(
                 *command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd=box,
+                "-c",
+                _HARNESS,
+                str(fd_task),
+                str(started_w),
+                str(results_w),
+                stdin=files["stdin"],
+                stdout=files["stdout"] if script is None else files["stderr"],
+                stderr=files["stderr"],
+                cwd=workdir / "box" if self.isolation == "unisolated" else workdir,
                 env=env,
-                preexec_fn=self._limit,
+                pass_fds=(fd_task, started_w, results_w, info_w),
+                preexec_fn=self._child_setup,
                 start_new_session=True,
             )
-            timed_out = False
-            try:
-                process.stdin.write(token.encode() + b"\n")
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    await process.stdin.drain()
-                    process.stdin.close()
-                await asyncio.wait_for(process.wait(), self.cfg.timeout_s)
+        except BaseException:
+            for fd in (started_r, started_w, results_r, results_w, info_r, info_w):
+                os.close(fd)
+            for f in files.values():
+                f.close()
+            raise
+        for fd in (started_w, results_w, info_w):
+            os.close(fd)
+        try:
+            reader = asyncio.create_task(_read_capped(results_r, _RESULTS_CAP))
+            killed_for, timed_out = await self._watch(process, info_r, uid, reader)
+            try:  # unisolated, a process that left the group may hold the pipe open
+                results, overflow = await asyncio.wait_for(reader, 2.0)
             except TimeoutError:
-                timed_out = True
-            finally:
-                # Not after a namespaced run ended: its PID namespace died with it, and
-                # its reaped process group id may already belong to someone else.
-                if process.returncode is None or self.isolation == "rlimits":
-                    _kill_group(process.pid)
-                await process.wait()
-            output.seek(0)
-            started = output.read(len(_STARTED)) == _STARTED
-            output.seek(max(0, output.seek(0, os.SEEK_END) - 4000))
-            text = output.read().decode(errors="replace")
-        elapsed = time.monotonic() - start
+                results, overflow = b"", False
+            started = False
+            with contextlib.suppress(BlockingIOError):
+                started = os.read(started_r, 64) == b"started\n"
+        finally:
+            os.close(info_r)
+            os.close(started_r)
+            for f in ("task", "stdin"):
+                files[f].close()
+        if overflow:
+            killed_for = killed_for or "results"
+        stdout = _read_head(files["stdout"], cfg.max_output_bytes)
+        output = _read_tail(files["stderr"], _OUTPUT_TAIL)
+        files["stdout"].close()
+        files["stderr"].close()
+        records, problems = _parse_records(results)
         rc = process.returncode
-        # RLIMIT_CPU ends a busy loop with SIGXCPU (reported as 128 + N by the init shell).
-        if timed_out or rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-            return SandboxRun("timed_out", rc, text, elapsed)
-        if not started:  # unshare, the mounts or the interpreter failed before the program
-            return SandboxRun("sandbox_error", rc, text, elapsed)
-        passed = rc == 0 and text.rstrip("\n").rsplit("\n", 1)[-1] == token
-        return SandboxRun("passed" if passed else "failed", rc, text, elapsed)
+        # RLIMIT_CPU ends a busy loop with SIGXCPU.
+        timed_out = timed_out or rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU)
+        return BoxRun(started, timed_out, rc, records, stdout,
+                      output, time.monotonic() - start, killed_for, problems)  # fmt: skip
 
-    def _limit(self) -> None:
-        """In the child, before exec: the limits every process it starts inherits."""
+    def _process_cap(self) -> int:
+        """RLIMIT_NPROC the harness sets inside. In a user namespace bubblewrap's own init
+        is one of the user's processes there; as root it is not. Unisolated there is no
+        cap: the count would be all this user's processes (and root has none)."""
+        if self.isolation == "unisolated":
+            return 0
+        return self.cfg.max_processes + (0 if self.as_root else 1)
+
+    def _child_setup(self) -> None:
+        """In the child, before exec: the limits every process of the box inherits."""
         cfg = self.cfg
-        memory = cfg.memory_mb * 2**20
-        limits = {
+        memory = cfg.memory_mb << 20
+        for kind, value in {
             resource.RLIMIT_CPU: (cfg.cpu_time_s, cfg.cpu_time_s + 1),
             resource.RLIMIT_AS: (memory, memory),
             resource.RLIMIT_FSIZE: (cfg.max_output_bytes, cfg.max_output_bytes),
-            resource.RLIMIT_NPROC: (cfg.max_processes, cfg.max_processes),
             resource.RLIMIT_CORE: (0, 0),
-        }
-        for kind, value in limits.items():
+        }.items():
             resource.setrlimit(kind, value)
+
+    async def _watch(
+        self, process, info_r: int, uid: int | None, reader
+    ) -> tuple[str | None, bool]:
+        """Wait for the box to end, killing it at the wall clock or past its memory; on
+        return nothing of it runs. (killed_for, timed_out)."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.timeout_s
+        init_pid = process.pid if self.isolation == "unisolated" else None
+        info = b""
+        killed_for, timed_out = None, False
+        while process.returncode is None:
+            if init_pid is None:
+                with contextlib.suppress(BlockingIOError):
+                    info += os.read(info_r, 4096)
+                with contextlib.suppress(ValueError):
+                    init_pid = json.loads(info)["child-pid"]
+            if init_pid is not None and _resident_bytes(init_pid) > cfg.memory_mb << 20:
+                killed_for = "memory"
+            elif reader.done() and reader.result()[1]:
+                killed_for = "results"
+            elif time.monotonic() > deadline:
+                timed_out = True
+            if killed_for or timed_out:
+                _kill_group(process.pid)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(process.wait()), _POLL_S)
+        _kill_group(process.pid)  # a bwrap that outlived its program, or the unisolated run
+        await process.wait()
+        if self.isolation == "bubblewrap" and init_pid is not None:
+            await _gone(init_pid)  # the PID namespace dies with its init
+        if uid is not None:
+            _kill_user(uid)  # belt and braces: nothing of the box's user id is left
+        return killed_for, timed_out
+
+
+async def _read_capped(fd: int, cap: int) -> tuple[bytes, bool]:
+    """All of the pipe `fd` until every writer closed it: (the first `cap` bytes, whether
+    there was more). Reads on the event loop; closes `fd`."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    kept, overflow = bytearray(), False
+    try:
+        while chunk := await reader.read(65536):
+            room = cap - len(kept)
+            kept += chunk[:room]
+            if len(chunk) > room:
+                overflow = True
+                break
+    finally:
+        transport.close()
+    return bytes(kept), overflow
+
+
+def _parse_records(data: bytes) -> tuple[list[dict], list[str]]:
+    """The results pipe's lines as JSON objects, and what was wrong with it. A line that is
+    not a JSON object, or a last line cut short, leaves no records: the box is judged on
+    nothing (failed), as a program that wrote on looprl's pipe deserves."""
+    lines = data.split(b"\n")
+    if lines and lines[-1]:
+        return [], ["the results pipe ended in the middle of a line"]
+    records = []
+    for line in lines[:-1]:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            return [], [f"a results line that is not JSON: {line[:100]!r}"]
+        if not isinstance(record, dict):
+            return [], [f"a results line that is not an object: {line[:100]!r}"]
+        records.append(record)
+    return records, []
+
+
+def _read_head(f, limit: int) -> str:
+    f.seek(0)
+    return f.read(limit).decode(errors="replace")
+
+
+def _read_tail(f, limit: int) -> str:
+    end = f.seek(0, os.SEEK_END)
+    f.seek(max(0, end - limit))
+    return f.read().decode(errors="replace")
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (through /proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo and len(found) < 10_000:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{current}/task"):
+                with (
+                    contextlib.suppress(OSError),
+                    open(f"/proc/{current}/task/{tid}/children") as f,
+                ):
+                    todo += [int(p) for p in f.read().split()]
+    return found
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes(pid: int) -> int:
+    """Resident memory of `pid` and its descendants (shared pages counted in each)."""
+    total = 0
+    for p in _descendants(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{p}/statm") as f:
+            total += int(f.read().split()[1]) * _PAGE
+    return total
+
+
+async def _gone(pid: int, within_s: float = 5.0) -> None:
+    """Wait until process `pid` is no more (a box's init: its namespace goes with it)."""
+    deadline = time.monotonic() + within_s
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return  # dead, waiting for its parent to reap it
+        await asyncio.sleep(0.01)
 
 
 def _kill_group(pid: int) -> None:
-    """SIGKILL the run's process group: with namespaces, unshare's death takes its PID
-    namespace down (--kill-child); without, processes that left the group survive until
-    their CPU limit (documented)."""
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _kill_user(uid: int) -> None:
+    """SIGKILL every process of user id `uid` (a box's own, as root), until none is left."""
+    for _ in range(50):
+        left = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{entry}").st_uid == uid:
+                        left.append(int(entry))
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)

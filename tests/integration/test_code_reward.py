@@ -1,46 +1,59 @@
-"""reward.type=code: real programs in the real sandbox, hostile ones included, and a
-two-step training run scored by it.
+"""reward.type=code: real programs in real bubblewrap boxes, scored through
+`CodeReward.score`.
 
-The hostile programs' tests check what the sandbox promises: a fork bomb stops at the
-process limit, a busy loop at the CPU limit, a sleeper at the wall clock, a file outside
-the work dir survives its deletion, a connection to a server on this machine's loopback
-fails, a huge allocation fails. Tests that need namespaces skip where `unshare` cannot
-make them (the reason is the probe's).
+The hostile suite (tests/support/hostile.py) runs as this user (root in CI) and as an
+unprivileged user created for it, in the box and under the opt-in unisolated mode: in
+the box every trick scores 0 and nothing survives; unisolated, the verdict tricks still
+score 0 (the verdict is made outside the program) and the isolation tricks that get out
+are exactly the ones the README lists. Network isolation is tested only against
+listeners the tests open on loopback. Tests that need bubblewrap skip where it is
+missing (make test installs it where it can).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
-import socket
-import threading
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from looprl.config import CodeRewardConfig
+from looprl.rewards import RewardFailed
 from looprl.rewards.code import CodeReward, extract_program
-from looprl.rewards.sandbox import Sandbox, namespaces_available
+from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
+from tests.support.as_user import run_as_user
 from tests.support.tiny_run import train_two_steps
 
-NO_NAMESPACES = namespaces_available()
-needs_namespaces = pytest.mark.skipif(
-    NO_NAMESPACES is not None, reason=f"no namespaced sandbox here: {NO_NAMESPACES}"
-)
+NO_BOX = bubblewrap_missing()
+needs_box = pytest.mark.skipif(NO_BOX is not None, reason=f"no box here: {NO_BOX}")
+ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
 
-LIMITS = dict(timeout_s=8.0, cpu_time_s=2, memory_mb=512, max_processes=16)
+LIMITS = dict(timeout_s=8.0, cpu_time_s=2, memory_mb=256, max_processes=16, disk_mb=16)
+
+# What the unisolated mode cannot stop (README, Security): the isolation tricks that
+# score 1, the one that gets its rollout rejected instead of scored, and what is left.
+UNISOLATED_GETS_OUT = {
+    "reads a 0600 file of this user",
+    "reads the trainer's environment from /proc",
+    "connects to a loopback TCP server",
+    "connects to an owner-only Unix socket",
+    "connects to an abstract Unix socket",
+}
+UNISOLATED_GETS_OUT_AS_ROOT = {"reads /etc/shadow"}
+UNISOLATED_REJECTED = {"drains every pipe it can open"}
 
 
 @pytest.fixture
-def sandbox() -> Sandbox:
-    return Sandbox(CodeRewardConfig(isolation="namespaces", **LIMITS))
-
-
-@pytest.fixture
-def any_sandbox() -> Sandbox:
-    """Namespaces where the machine allows them, else resource limits only."""
-    return Sandbox(CodeRewardConfig(isolation="auto", **LIMITS))
+def box() -> Sandbox:
+    return Sandbox(CodeRewardConfig(**LIMITS))
 
 
 def test_the_program_is_the_last_fenced_block():
@@ -49,149 +62,170 @@ def test_the_program_is_the_last_fenced_block():
     assert extract_program("def f(): return 2") == "def f(): return 2"
 
 
-@needs_namespaces
+@needs_box
 async def test_pass_fraction_counts_each_test_on_its_own():
-    reward = CodeReward(CodeRewardConfig(isolation="namespaces", **LIMITS))
+    reward = CodeReward(CodeRewardConfig(**LIMITS))
     row = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"]}
     async with reward.rollout(row) as score:
         value = await score("Write add.", "```python\ndef add(a, b):\n    return a + b\n```")
     assert value == pytest.approx(2 / 3)
-    async with reward.rollout({"tests": "assert add(1, 1) == 2\nprint('ok')"}) as score:
-        assert await score("", "def add(a, b): return a + b") == 1.0
+    stdio = {"tests": [{"input": "2 3\n", "output": "5\n"}, {"input": "1 1\n", "output": "3"}]}
+    program = "a, b = map(int, input().split())\nprint(a + b)\n"
+    async with reward.rollout(stdio) as score:
+        assert await score("", program) == 0.5
     stats = reward.take_stats()
-    assert stats["reward_code_tests"] == 4 and stats["reward_code_tests_passed"] == 3
-    assert stats["reward_code_timeouts"] == 0 and stats["reward_code_sandbox_errors"] == 0
+    assert stats["reward_code_tests"] == 5 and stats["reward_code_tests_passed"] == 3
+    assert stats["reward_code_rollouts"] == 2 and stats["reward_code_sandbox_errors"] == 0
     assert reward.take_stats()["reward_code_tests"] == 0  # since the last call
 
 
-@needs_namespaces
-async def test_exiting_early_is_not_a_pass(sandbox):
-    for program in ("import sys; sys.exit(0)", "import os; os._exit(0)"):
-        run = await sandbox.run(program, "assert False")
-        assert run.status == "failed", program
+def _suite(isolation: str, as_user: bool) -> dict:
+    argv = [sys.executable, "-m", "tests.support.hostile", isolation]
+    env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+    if as_user:
+        done = run_as_user(argv, cwd=REPO, env=env, timeout=240)
+    else:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
-@needs_namespaces
-async def test_a_fork_bomb_stops_at_the_process_limit(sandbox):
-    program = (
-        "import os, time\n"
-        "forked = refused = 0\n"
-        "for _ in range(200):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        refused += 1\n"
-        "        continue\n"
-        "    if pid == 0:\n"
-        "        time.sleep(30)\n"
-        "        os._exit(0)\n"
-        "    forked += 1\n"
-        "print('forked', forked, 'refused', refused)\n"
+USERS = [
+    pytest.param(False, id="this user"),
+    pytest.param(
+        True,
+        id="an unprivileged user",
+        marks=pytest.mark.skipif(not ROOT, reason="creating the unprivileged user needs root"),
+    ),
+]
+
+
+@needs_box
+@pytest.mark.parametrize("as_user", USERS)
+def test_every_trick_scores_0_in_the_box_and_nothing_survives(as_user):
+    result = _suite("bubblewrap", as_user)
+    scores = result.pop("scores")
+    assert scores.pop("honest (control)") == 1.0
+    assert scores == dict.fromkeys(scores, 0.0)  # 0, not None: scored, not rejected
+    assert len(scores) == 24
+    assert result["survivors"] == [] and result["written_outside"] == []
+    assert result["skipped"] == {} and result["stats"]["reward_code_sandbox_errors"] == 0
+    assert ("a user namespace" in result["box"]) == (as_user or not ROOT), result["box"]
+    assert (result["uid"] == 0) == (ROOT and not as_user)
+
+
+@pytest.mark.parametrize("as_user", USERS)
+def test_unisolated_stops_the_verdict_tricks_and_no_more_than_it_says(as_user):
+    result = _suite("unisolated", as_user)
+    scores = result["scores"]
+    root = result["uid"] == 0
+    gets_out = UNISOLATED_GETS_OUT | (UNISOLATED_GETS_OUT_AS_ROOT if root else set())
+    assert {name for name, s in scores.items() if s == 1.0} == gets_out | {"honest (control)"}
+    assert {name for name, s in scores.items() if s is None} == UNISOLATED_REJECTED
+    assert result["skipped"] == {
+        "a fork bomb": "not run: unisolated has no process cap (it would bomb here)"
+    }
+    assert len(result["survivors"]) == 1  # the setsid survivor (killed by the suite)
+    assert len(result["written_outside"]) == 2  # /tmp and /dev/shm
+
+
+@needs_box
+async def test_budgets_are_per_box(box):
+    bomb = (
+        "import os, time\nforked = 0\nfor _ in range(200):\n    try:\n"
+        "        pid = os.fork()\n    except OSError:\n        continue\n"
+        "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    forked += 1\n"
+        "print('forked', forked)\n"
     )
     start = time.monotonic()
-    run = await sandbox.run(program, "")
-    assert run.status == "passed", run.output
-    forked = int(run.output.split("forked ")[1].split()[0])
-    assert forked < LIMITS["max_processes"] and "refused" in run.output
-    # The sleeping children went down with the run, not 30 s later.
+    runs = await asyncio.gather(box.run(bomb, ""), box.run(bomb, ""))
+    # Both boxes at once: each counts only its own processes (the second's first fork
+    # is not refused for the first's), and the sleepers went down with their boxes.
+    for run in runs:
+        assert run.started and run.returncode == 0, run.output
+        assert int(run.output.split("forked ")[1].split()[0]) == LIMITS["max_processes"] - 1
     assert time.monotonic() - start < 10
 
-
-@needs_namespaces
-async def test_a_classic_fork_bomb_is_contained_and_counted():
-    reward = CodeReward(CodeRewardConfig(isolation="namespaces", **{**LIMITS, "timeout_s": 3}))
-    bomb = (
-        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    memory = (
+        "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n"
+        "        block = bytearray(100 * 2**20)\n"
+        "        block[::4096] = b'1' * (len(block) // 4096)\n"
+        "        time.sleep(10)\n        os._exit(0)\ntime.sleep(10)\n"
     )
-    async with reward.rollout({"tests": ["pass"]}) as score:
-        assert await score("", bomb) == 0.0
-    assert reward.take_stats()["reward_code_timeouts"] == 1
+    run = await box.run(memory, "")  # 3 x 100 MiB, each under 256 MiB, over it together
+    assert run.killed_for == "memory" and run.elapsed_s < 5
+
+    # 20 files of 0.9 MB (each under the 1 MB file limit) in a 16 MiB work dir.
+    disk = "for i in range(20):\n    open(f'{i}', 'wb').write(bytes(900_000))\nprint('wrote all')\n"
+    run = await box.run(disk, "")
+    assert "No space left on device" in run.output and "wrote all" not in run.output
 
 
-async def test_an_infinite_loop_is_stopped(any_sandbox):
+@needs_box
+async def test_the_clock_and_the_cpu_limit_stop_a_run(box):
     start = time.monotonic()
-    run = await any_sandbox.run("while True:\n    pass\n", "")
-    assert run.status == "timed_out"
-    assert time.monotonic() - start < LIMITS["timeout_s"]  # the CPU limit, before the clock
-    # A sleeper uses no CPU: the wall clock stops it.
-    sleeper = Sandbox(CodeRewardConfig(isolation="auto", **{**LIMITS, "timeout_s": 2.0}))
+    run = await box.run("while True:\n    pass\n", "")
+    assert run.timed_out and time.monotonic() - start < LIMITS["timeout_s"]  # the CPU limit
+    sleeper = Sandbox(CodeRewardConfig(**{**LIMITS, "timeout_s": 1.5}))
     run = await sleeper.run("import time\ntime.sleep(60)\n", "")
-    assert run.status == "timed_out" and run.elapsed_s < 5
+    assert run.timed_out and run.elapsed_s < 4
 
 
-async def test_huge_memory_fails_inside(any_sandbox):
-    run = await any_sandbox.run("x = bytearray(8 * 2**30)\n", "")
-    assert run.status == "failed" and "MemoryError" in run.output
-
-
-@needs_namespaces
-async def test_files_outside_the_work_dir_survive(sandbox, tmp_path):
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep me")
+@needs_box
+async def test_nothing_of_the_host_is_in_the_box(box, tmp_path):
+    spaced = tmp_path / "a mount point with a space"
+    spaced.mkdir()
+    (spaced / "victim.txt").write_text("keep me")
     program = (
-        "import os, shutil\n"
-        f"for attempt in (lambda: os.remove({str(victim)!r}),\n"
-        f"                lambda: shutil.rmtree({str(tmp_path)!r}),\n"
-        f"                lambda: open({str(victim)!r}, 'w').write('gone'),\n"
-        "                lambda: open('/tmp/looprl-sandbox-escape', 'w')):\n"
-        "    try:\n"
-        "        attempt()\n"
-        "    except OSError as e:\n"
-        "        print('refused', e.errno)\n"
-        "open('mine.txt', 'w').write('the work dir is writable')\n"
-        "print(open('mine.txt').read())\n"
+        "import os\n"
+        f"for path in ({str(spaced / 'victim.txt')!r}, {str(tmp_path)!r}, '/etc/passwd',\n"
+        "             os.path.expanduser('~root'), '/run', '/home'):\n"
+        "    print(path, os.path.exists(path))\n"
+        "print(sorted(os.listdir('/')), '|', sorted(os.environ))\n"
+        f"open({str(spaced / 'new.txt')!r}, 'w')\n"
     )
-    run = await sandbox.run(program, "")
-    assert run.status == "passed", run.output
-    assert run.output.count("refused") == 4 and "the work dir is writable" in run.output
-    assert victim.read_text() == "keep me"
-    assert not os.path.exists("/tmp/looprl-sandbox-escape")
+    run = await box.run(program, "")
+    assert "True" not in run.output.split("[")[0], run.output
+    top, environment = [line for line in run.output.splitlines() if " | " in line][0].split(" | ")
+    interpreter = Path(os.path.realpath(sys.base_prefix)).parts[1]  # /root here
+    system = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr"}
+    assert set(ast.literal_eval(top)) - system - {interpreter} == {"dev", "proc", "tmp", "work"}
+    assert set(ast.literal_eval(environment)) <= {"HOME", "LANG", "PATH", "PWD", "TMPDIR"}
+    assert "FileNotFoundError" in run.output and not (spaced / "new.txt").exists()
 
 
-@needs_namespaces
-async def test_no_network(sandbox):
-    # A server on this machine's loopback: reachable from here, not from the sandbox.
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    accepted = []
-    threading.Thread(
-        target=lambda: accepted.append(server.accept()), daemon=True, name="accept"
-    ).start()
-    program = (
-        "import socket\n"
-        f"socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
-        "print('connected')\n"
-    )
-    try:
-        run = await sandbox.run(program, "")
-        assert run.status == "failed" and "connected" not in run.output
-        assert "OSError" in run.output or "Error" in run.output
-        await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 3)
-        await asyncio.sleep(0.2)
-        assert len(accepted) == 1  # it was there all along
-    finally:
-        server.close()
-
-
-@needs_namespaces
-async def test_the_environment_is_scrubbed_and_the_work_dir_removed(sandbox, monkeypatch):
-    monkeypatch.setenv("LOOPRL_SECRET_TOKEN", "hunter2")
-    run = await sandbox.run("import os\nprint(sorted(os.environ), os.getcwd())\n", "")
-    assert run.status == "passed" and "LOOPRL_SECRET_TOKEN" not in run.output
-    workdir = run.output.split("] ")[1].split()[0]
-    assert not os.path.exists(workdir)
-
-
-async def test_a_broken_sandbox_rejects_and_counts(monkeypatch):
-    reward = CodeReward(CodeRewardConfig(isolation="rlimits", **LIMITS))
+@needs_box
+async def test_a_box_that_cannot_start_rejects_counts_and_stops_the_run(monkeypatch):
+    reward = CodeReward(CodeRewardConfig(**LIMITS))
     monkeypatch.setattr("looprl.rewards.sandbox.sys.executable", "/nonexistent/python")
-    async with reward.rollout({"tests": ["pass"]}) as score:
-        assert await score("", "x = 1") is None
-    assert reward.take_stats()["reward_code_sandbox_errors"] == 1
+    async with reward.rollout({"tests": ["assert f() == 1"]}) as score:
+        assert await score("", "def f(): return 1") is None
+    reward.check_failures(max_rate=0.5, min_judgments=4)  # 1 of 4: goes on
+    for _ in range(2):
+        assert await reward.score("def f(): return 1", {"tests": ["assert f() == 1"]}) is None
+    with pytest.raises(RewardFailed, match=r"3 of 3 rollouts .* reward.max_failure_rate=0.5"):
+        reward.check_failures(max_rate=0.5, min_judgments=4)
+    assert reward.take_stats()["reward_code_sandbox_errors"] == 3
 
 
-async def test_code_reward_trains(tiny_run, tmp_path):
-    """`looprl train reward.type=code` on a JSONL file: two steps, the counters per step."""
+async def test_without_bubblewrap_code_training_refuses_to_start(tiny_run, tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    for tool in ("python3", "sh"):  # what else might be looked up on PATH
+        if shutil.which(tool):
+            (empty / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(empty))
+    cfg = tiny_run("reward.type=code", *_code_task(tmp_path))
+    from looprl.loop import train
+
+    with pytest.raises(SandboxUnavailable) as refused:
+        await train(cfg, show_progress=False)
+    message = str(refused.value)
+    assert "apt-get install bubblewrap" in message
+    assert "reward.code.isolation=unisolated" in message
+
+
+def _code_task(tmp_path: Path) -> list[str]:
     data = tmp_path / "code.jsonl"
     rows = [
         {
@@ -202,11 +236,15 @@ async def test_code_reward_trains(tiny_run, tmp_path):
         for k in range(4)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["task.name=jsonl", f"task.train_path={data}", f"task.eval_path={data}"]
+
+
+@needs_box
+async def test_code_reward_trains(tiny_run, tmp_path):
+    """`looprl train reward.type=code` on a JSONL file: two steps, the counters per step."""
     cfg = tiny_run(
-        "task.name=jsonl",
-        f"task.train_path={data}",
-        f"task.eval_path={data}",
         "reward.type=code",
+        *_code_task(tmp_path),
         "reward.code.timeout_s=5",
         "sampling.max_new_tokens=8",
         "eval.size=2",

@@ -191,5 +191,12 @@ def test_reward_section_names_its_fields():
         load_config(None, ["reward.code.timeout=3"])
     with pytest.raises(ConfigError, match=r"reward.judge.prompt cannot be filled in"):
         load_config(None, ["reward.judge.prompt=Rate {answr}"])
+    # A saved config's earlier isolations: the strongest one is now the box; the opt-in
+    # to less must be asked for by its new name.
+    for earlier in ("auto", "namespaces"):
+        cfg = load_config(None, [f"reward.code.isolation={earlier}"])
+        assert cfg.reward.code.isolation == "bubblewrap"
+    with pytest.raises(ConfigError, match=r"'rlimits' is now 'unisolated'"):
+        load_config(None, ["reward.code.isolation=rlimits"])
     with pytest.raises(ConfigError, match=r"reward.type=judge scores the built-in workflow"):
         load_config(None, ["reward.type=judge", "workflow.path=my.agent:Agent"])

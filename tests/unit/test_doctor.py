@@ -65,3 +65,19 @@ def test_cli_exit_code_says_whether_a_check_failed(tmp_path, monkeypatch, taken,
             app, ["doctor", f"gateway.port={port}", f"run.fileroot={tmp_path}"]
         )
     assert result.exit_code == code, result.output
+
+
+def test_the_code_sandbox_fails_only_where_the_config_uses_it(tmp_path, monkeypatch):
+    from looprl.rewards.sandbox import bubblewrap_missing
+
+    code = load_config(None, ["reward.type=code"])
+    if bubblewrap_missing() is None:
+        assert doctor.check_sandbox(code).status == "ok"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    check = doctor.check_sandbox(code)
+    assert check.status == "fail" and "apt-get install bubblewrap" in check.detail
+    assert "reward.code.isolation=unisolated" in check.fix
+    unused = doctor.check_sandbox(load_config(None, []))
+    assert unused.status == "ok" and unused.detail.startswith("not used (reward.type=function)")
+    unisolated = load_config(None, ["reward.type=code", "reward.code.isolation=unisolated"])
+    assert doctor.check_sandbox(unisolated).status == "warn"
