@@ -30,29 +30,25 @@ format: $(STAMP)
 # as on most laptops; LOOPRL_FORCE_CPU=avx2, x86 only), then with the whole suite on
 # this CPU as it is. pytest's summary of the whole suite is the last line, after its 25
 # slowest tests (what to look at when CI nears its 30 minutes).
-# The viewer's browser tests (tests/integration/test_viewer.py) drive Chromium: Debian's
-# is installed on first use where apt-get can (as root or with sudo -n); elsewhere they skip.
-chromium:
-	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then \
-		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
-		echo "== installing Debian's chromium for the viewer's browser tests =="; \
-		$$sudo apt-get install -y -q chromium >/dev/null 2>&1 \
-			|| { $$sudo apt-get update -q >/dev/null 2>&1 \
-				&& $$sudo apt-get install -y -q chromium >/dev/null 2>&1; } \
-			|| echo "could not install chromium: the viewer's browser tests will skip"; \
+# Debian packages some tests need, installed on first use where apt-get can (as root or
+# with sudo -n); elsewhere those tests skip, saying why.
+# $(call apt-install,PACKAGE,TEST THAT IT IS THERE,WHAT NEEDS IT)
+apt-install = if ! $(2) && command -v apt-get >/dev/null 2>&1; then \
+	sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	echo "== installing Debian's $(1) for $(3) =="; \
+	$$sudo apt-get install -y -q $(1) >/dev/null 2>&1 \
+		|| { $$sudo apt-get update -q >/dev/null 2>&1 \
+			&& $$sudo apt-get install -y -q $(1) >/dev/null 2>&1; } \
+		|| echo "could not install $(1): $(3) will skip"; \
 	fi
 
-# The code reward's sandbox is Debian's bubblewrap: installed the same way where it can
-# be (tests that need it skip elsewhere, saying so).
+# The viewer's browser tests (tests/integration/test_viewer.py) drive Chromium.
+chromium:
+	@$(call apt-install,chromium,[ -x /usr/bin/chromium ],the viewer's browser tests)
+
+# The code reward's sandbox (looprl/rewards/sandbox.py) is bubblewrap.
 bubblewrap:
-	@if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
-		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
-		echo "== installing Debian's bubblewrap for the code reward's sandbox =="; \
-		$$sudo apt-get install -y -q bubblewrap >/dev/null 2>&1 \
-			|| { $$sudo apt-get update -q >/dev/null 2>&1 \
-				&& $$sudo apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
-			|| echo "could not install bubblewrap: the sandbox tests will skip"; \
-	fi
+	@$(call apt-install,bubblewrap,command -v bwrap >/dev/null 2>&1,the sandbox tests)
 
 test: lint chromium bubblewrap
 	@if [ "$$(uname -m)" = x86_64 ]; then \

@@ -45,7 +45,8 @@ async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
         "scheduler.trainer_ranks=2",
         f"scheduler.weight_sync={weight_sync.split(',')[0]}",
         "scheduler.bucket_mb=1",  # several buckets
-        *(["model.lora.rank=8"] if lora else []),
+        # Adapters learn slower here than in one process (CI: eval 0.28 -> 0.5 at 3e-3).
+        *(["model.lora.rank=8", "train.lr=6e-3"] if lora else []),
     )
     summary = await train(cfg, show_progress=False)
 

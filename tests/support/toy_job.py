@@ -47,8 +47,10 @@ def learned_steps(cfg: Config, label: str) -> list[dict]:
     """The train records of a finished toy job, checked: all 10 steps, each sampled with
     the weights of the step before (the engine got them), and the policy learned.
 
-    Learned means the evaluation (greedy, the same prompts before and after) rose by
-    0.3, and the sampled reward rose above its first three steps at some later step.
+    Learned means the evaluation (greedy, the same prompts before and after: unchanged
+    weights give the same 0.281 every time) rose by 0.15, and the sampled reward rose
+    above its first three steps at some later step. Full fine-tuning reaches 1.0; LoRA
+    under Ray, the slowest, was seen at 0.5 and 0.69.
     The sampled reward alone is no verdict: an asynchronous run (rollouts up to two
     versions stale, lr 3e-3) has been seen to dip from 0.65 to 0.14 and come back while
     its greedy evaluation went from 0.28 to 1.0 (CI, stop 41)."""
@@ -59,7 +61,7 @@ def learned_steps(cfg: Config, label: str) -> list[dict]:
     evals = [(r["step"], round(r["reward_mean"], 3)) for r in metrics_records(cfg.run_dir, "eval")]
     print(f"toy rewards per step ({label}):", rewards, "eval:", evals)
     assert [s for s, _ in evals] == [0, 10], evals
-    assert evals[-1][1] > evals[0][1] + 0.3, evals
+    assert evals[-1][1] > evals[0][1] + 0.15, evals
     first = sum(rewards[:3]) / 3
     assert max(rewards[3:]) > first + 0.1, rewards
     return steps
