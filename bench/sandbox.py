@@ -7,7 +7,9 @@ baseline, measured in the same run, is the same test through `CodeReward.score` 
 `reward.code.isolation=unisolated` (the same harness and verdict, no box), and a bare
 `python -I -S -c pass` (what any subprocess-per-test judge pays).
 
-    .venv/bin/python bench/sandbox.py            # 40 tests each way (needs bubblewrap)
+    .venv/bin/python bench/sandbox.py                # 40 tests each way (needs bubblewrap)
+    .venv/bin/python bench/sandbox.py --as-test-user # as root: the same, run as an
+                                                     # unprivileged user (a user namespace)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards.code import CodeReward
@@ -56,7 +59,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--concurrent", type=int, default=2, help="reward.code.max_concurrent")
+    parser.add_argument(
+        "--as-test-user",
+        action="store_true",
+        help="as root: run this as the unprivileged user the tests create "
+        "(tests/support/as_user.py), whose boxes are user namespaces",
+    )
     args = parser.parse_args()
+    if args.as_test_user:
+        repo = Path(__file__).resolve().parent.parent
+        sys.path.insert(0, str(repo))
+        from tests.support.as_user import run_as_user
+
+        argv = [sys.executable, "bench/sandbox.py", f"--repeats={args.repeats}",
+                f"--concurrent={args.concurrent}"]  # fmt: skip
+        env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": str(repo)}
+        done = run_as_user(argv, cwd=repo, env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=600)
+        print(done.stdout, done.stderr[-2000:] if done.returncode else "", end="")
+        sys.exit(done.returncode)
     who = "root" if os.geteuid() == 0 else "a normal user"
     print(f"as {who}, {os.cpu_count()} cores, {args.repeats} tests each way")
     bare = bare_python(args.repeats)

@@ -26,6 +26,7 @@ since the program could decide it.
 from __future__ import annotations
 
 import ast
+import copy
 import math
 import operator
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ def _split_script(module: ast.Module, source: str) -> ScriptTest:
     for statement in module.body:
         if isinstance(statement, ast.Assert):
             leaves: list[ast.expr] = []
-            expression = _Split(known, leaves).visit(_copy(statement.test))
+            expression = _Split(known, leaves).visit(copy.deepcopy(statement.test))
             _refuse_program_against_program(expression, statement)
             calls = [ast.Lambda(args=_no_arguments(), body=leaf) for leaf in leaves]
             emit = ast.Call(
@@ -199,10 +200,6 @@ def _split_script(module: ast.Module, source: str) -> ScriptTest:
     return ScriptTest(script, sites)
 
 
-def _copy(node: ast.expr) -> ast.expr:
-    return ast.parse(ast.unparse(node), mode="eval").body
-
-
 def _no_arguments() -> ast.arguments:
     return ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
 
@@ -216,7 +213,7 @@ def _track_names(statement: ast.stmt, known: dict[str, ast.expr]) -> None:
         and isinstance(statement.targets[0], ast.Name)
     ):
         leaves: list[ast.expr] = []
-        value = _Split(known, leaves).visit(_copy(statement.value))
+        value = _Split(known, leaves).visit(copy.deepcopy(statement.value))
         name = statement.targets[0].id
         if not leaves:
             known[name] = value
@@ -262,7 +259,7 @@ class _Split(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.known:
-            return _copy(self.known[node.id])
+            return copy.deepcopy(self.known[node.id])
         return node if node.id in _FUNCTIONS else self.leaf(node)  # sorted(x, key=len)
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
@@ -335,7 +332,7 @@ def judge_script(test: ScriptTest, records: list[dict]) -> tuple[bool, str]:
             return False, f"line {site.line}: `{site.source}` was never reached"
         try:
             leaves = [_leaf_value(v) for v in values[index]]
-            if not _truth(_Evaluate(leaves).run(site.expression)):
+            if not _Evaluate(leaves).run(site.expression):
                 return False, f"line {site.line}: `{site.source}` is false"
         except _LeafError as e:
             return False, f"line {site.line}: `{site.source}` raised {e}"
@@ -402,12 +399,6 @@ def decode(data: Any) -> Any:
     raise ValueError(f"not a value the box encodes: {str(data)[:100]}")
 
 
-def _truth(value: Any) -> bool:
-    if isinstance(value, _Failed):
-        raise _LeafError(value.error)
-    return bool(value)
-
-
 class _Evaluate:
     """Evaluates a split assert on plain data: only the node kinds `_Split` keeps."""
 
@@ -415,14 +406,11 @@ class _Evaluate:
         self.leaves = leaves
 
     def run(self, node: ast.expr) -> Any:
-        value = self._value(node)
-        if isinstance(value, _Failed):
-            raise _LeafError(value.error)
-        return value
-
-    def _value(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Name) and node.id.startswith(_LEAF):
-            return self.leaves[int(node.id.removeprefix(_LEAF))]
+            value = self.leaves[int(node.id.removeprefix(_LEAF))]
+            if isinstance(value, _Failed):
+                raise _LeafError(value.error)
+            return value
         return self.run_node(node)
 
     def run_node(self, node: ast.expr) -> Any:

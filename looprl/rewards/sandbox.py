@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from looprl.config import CodeRewardConfig
@@ -141,7 +141,6 @@ class BoxRun:
     output: str  # the end of its stderr (and stdout when a script ran)
     elapsed_s: float
     killed_for: str | None = None  # "memory", "results": a budget the box went past
-    problems: list[str] = field(default_factory=list)  # what looked tampered with
 
 
 def bubblewrap_missing() -> str | None:
@@ -157,7 +156,9 @@ def bubblewrap_missing() -> str | None:
     try:
         with _BoxUids().claim() if os.geteuid() == 0 else contextlib.nullcontext() as uid:
             done = subprocess.run(
-                [*_box_command(1 << 20, uid), "-c", "0"], capture_output=True, timeout=60
+                [*_box_command(_system_mounts(), 1 << 20, uid), "-c", "0"],
+                capture_output=True,
+                timeout=60,
             )
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap could not start: {e}"
@@ -187,9 +188,11 @@ def _system_mounts() -> list[str]:
     return args
 
 
-def _box_command(disk_bytes: int, uid: int | None, info_fd: int | None = None) -> list[str]:
-    """The argv that starts the interpreter in a new box (the harness or probe follows);
-    `uid` is the box's own user id when looprl runs as root."""
+def _box_command(
+    mounts: list[str], disk_bytes: int, uid: int | None, info_fd: int | None = None
+) -> list[str]:
+    """The argv that starts the interpreter in a new box (the harness or probe follows):
+    `mounts` from `_system_mounts`, `uid` the box's own user id when looprl runs as root."""
     args = ["bwrap", "--die-with-parent", "--new-session", "--clearenv"]
     for name, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("LANG", "C.UTF-8"),
                         ("TMPDIR", "/tmp")):  # fmt: skip
@@ -198,7 +201,7 @@ def _box_command(disk_bytes: int, uid: int | None, info_fd: int | None = None) -
     args += ["--unshare-cgroup-try"]
     if uid is None:  # a normal user: a user namespace, and none nested in it
         args += ["--unshare-user", "--disable-userns"]
-    args += _system_mounts()
+    args += mounts
     args += ["--proc", "/proc", "--dir", "/dev"]
     for device in ("null", "zero", "random", "urandom"):
         args += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
@@ -268,6 +271,7 @@ class Sandbox:
         self.isolation = cfg.isolation
         self.as_root = os.geteuid() == 0
         self._uids = _BoxUids() if self.as_root and cfg.isolation == "bubblewrap" else None
+        self._mounts = _system_mounts()  # the same for every box
         if self.isolation == "bubblewrap":
             why = bubblewrap_missing()
             if why is not None:
@@ -336,7 +340,7 @@ class Sandbox:
         os.set_blocking(started_r, False)
         try:
             if self.isolation == "bubblewrap":
-                command = _box_command(cfg.disk_mb << 20, uid, info_fd=info_w)
+                command = _box_command(self._mounts, cfg.disk_mb << 20, uid, info_fd=info_w)
                 env = {}
             else:
                 command = [os.path.realpath(sys.executable), "-I", "-S"]
@@ -370,7 +374,7 @@ class Sandbox:
             os.close(fd)
         try:
             reader = asyncio.create_task(_read_capped(results_r, _RESULTS_CAP))
-            killed_for, timed_out = await self._watch(process, info_r, uid, reader)
+            killed_for, timed_out = await self._watch(process, info_r, reader)
             try:  # unisolated, a process that left the group may hold the pipe open
                 results, overflow = await asyncio.wait_for(reader, 2.0)
             except TimeoutError:
@@ -389,12 +393,12 @@ class Sandbox:
         output = _read_tail(files["stderr"], _OUTPUT_TAIL)
         files["stdout"].close()
         files["stderr"].close()
-        records, problems = _parse_records(results)
+        records = _parse_records(results)
         rc = process.returncode
         # RLIMIT_CPU ends a busy loop with SIGXCPU.
         timed_out = timed_out or rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU)
         return BoxRun(started, timed_out, rc, records, stdout,
-                      output, time.monotonic() - start, killed_for, problems)  # fmt: skip
+                      output, time.monotonic() - start, killed_for)  # fmt: skip
 
     def _process_cap(self) -> int:
         """RLIMIT_NPROC the harness sets inside. In a user namespace bubblewrap's own init
@@ -416,9 +420,7 @@ class Sandbox:
         }.items():
             resource.setrlimit(kind, value)
 
-    async def _watch(
-        self, process, info_r: int, uid: int | None, reader
-    ) -> tuple[str | None, bool]:
+    async def _watch(self, process, info_r: int, reader) -> tuple[str | None, bool]:
         """Wait for the box to end, killing it at the wall clock or past its memory; on
         return nothing of it runs. (killed_for, timed_out)."""
         cfg = self.cfg
@@ -446,9 +448,9 @@ class Sandbox:
         _kill_group(process.pid)  # a bwrap that outlived its program, or the unisolated run
         await process.wait()
         if self.isolation == "bubblewrap" and init_pid is not None:
-            await _gone(init_pid)  # the PID namespace dies with its init
-        if uid is not None:
-            _kill_user(uid)  # belt and braces: nothing of the box's user id is left
+            # The PID namespace dies with its init: once the init is dead, every process
+            # of the box is (the kernel kills them first), so its user id is free again.
+            await _gone(init_pid)
         return killed_for, timed_out
 
 
@@ -473,23 +475,23 @@ async def _read_capped(fd: int, cap: int) -> tuple[bytes, bool]:
     return bytes(kept), overflow
 
 
-def _parse_records(data: bytes) -> tuple[list[dict], list[str]]:
-    """The results pipe's lines as JSON objects, and what was wrong with it. A line that is
-    not a JSON object, or a last line cut short, leaves no records: the box is judged on
-    nothing (failed), as a program that wrote on looprl's pipe deserves."""
+def _parse_records(data: bytes) -> list[dict]:
+    """The results pipe's lines as JSON objects. A line that is not a JSON object, or a
+    last line cut short, leaves no records: the box is judged on nothing (failed), as a
+    program that wrote on looprl's pipe deserves."""
     lines = data.split(b"\n")
-    if lines and lines[-1]:
-        return [], ["the results pipe ended in the middle of a line"]
+    if lines[-1]:
+        return []
     records = []
     for line in lines[:-1]:
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
-            return [], [f"a results line that is not JSON: {line[:100]!r}"]
+            return []
         if not isinstance(record, dict):
-            return [], [f"a results line that is not an object: {line[:100]!r}"]
+            return []
         records.append(record)
-    return records, []
+    return records
 
 
 def _read_head(f, limit: int) -> str:
@@ -544,20 +546,3 @@ async def _gone(pid: int, within_s: float = 5.0) -> None:
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-
-
-def _kill_user(uid: int) -> None:
-    """SIGKILL every process of user id `uid` (a box's own, as root), until none is left."""
-    for _ in range(50):
-        left = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.stat(f"/proc/{entry}").st_uid == uid:
-                        left.append(int(entry))
-        if not left:
-            return
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
