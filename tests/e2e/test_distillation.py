@@ -29,6 +29,10 @@ async def test_a_student_learns_from_a_teacher_by_distillation(peaked_model_dir,
         "train.algorithm=distill",
         f"train.teacher_path={teacher.run_dir / 'model'}",
         "train.total_steps=12",
+        # At the toy job's 3e-3 a student once overshot into all odd tokens by step 3,
+        # a mode it saturates (p -> 1, so log p's gradient vanishes) and never left:
+        # reverse KL stuck at 14.3 for ten steps (CI, this session).
+        "train.lr=1.5e-3",
     )
     await train(cfg, show_progress=False)
     records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").open()]
