@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,9 @@ def test_on_a_forced_avx2_cpu_the_probe_finds_no_bf16_by_itself(env):
     assert found["capability"] == "AVX2"
     assert "bf16 path needs the cpu support" in found["bf16_pack_error"]
     assert found["hardware_bf16"] is False
-    assert found["engine"].startswith("engine float32, packed weights (")
+    # float32; packed or plain weights is a timing measured at start (CI's run once
+    # measured plain faster than packed under forced AVX2), so either layout is right.
+    assert re.match(r"engine float32, (packed|plain) weights \(", found["engine"])
     assert "no hardware bf16" in found["engine"]
     assert found["train"].startswith("training float32 (")
 
