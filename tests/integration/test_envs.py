@@ -11,6 +11,7 @@ no worker process outlives its pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -40,6 +41,17 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
         return f.read().split(") ")[1][0] != "Z"
+
+
+@contextlib.contextmanager
+def count_workers(step_timeout_s: float):
+    """One started CountEnv worker (episodes of 9 steps), closed whatever the test does."""
+    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, step_timeout_s)
+    workers.start()
+    try:
+        yield workers
+    finally:
+        workers.close()
 
 
 async def _play(model_dir, rows: list[dict], *overrides: str):
@@ -205,9 +217,7 @@ async def test_failing_envs_end_their_episode_only_and_the_run_goes_on(tiny_mode
 
 
 async def test_a_restarted_worker_rebuilds_the_episodes_it_held():
-    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 5.0)
-    workers.start()
-    try:
+    with count_workers(5.0) as workers:
         async with workers.episode() as doomed, workers.episode() as bystander:
             await doomed.reset(1)
             await bystander.reset(2)
@@ -232,14 +242,10 @@ async def test_a_restarted_worker_rebuilds_the_episodes_it_held():
             with pytest.raises(EnvCrashed, match="not deterministic in its seed"):
                 await flaky.step("a")
         assert workers.counts == {"crashed": 2, "failed": 2, "timed_out": 1, "restarts": 2}
-    finally:
-        workers.close()
 
 
 async def test_a_cancelled_call_does_not_shift_the_replies():
-    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 5.0)
-    workers.start()
-    try:
+    with count_workers(5.0) as workers:
         async with workers.episode() as other:
             await other.reset(2)
 
@@ -257,14 +263,10 @@ async def test_a_cancelled_call_does_not_shift_the_replies():
             assert await other.step("a") == ("step 1", 1.0, False, {})
             assert await other.step("b") == ("step 2", 1.0, False, {})
         assert workers.counts == {}
-    finally:
-        workers.close()
 
 
 async def test_a_restart_kills_what_the_env_started():
-    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 2.0)
-    workers.start()
-    try:
+    with count_workers(2.0) as workers:
         async with workers.episode() as episode:
             await episode.reset(1)
             child = int((await episode.step("spawn"))[0].split()[1])
@@ -272,8 +274,6 @@ async def test_a_restart_kills_what_the_env_started():
             with pytest.raises(EnvTimedOut):
                 await episode.step("hang")
             assert not _alive(child), "the env's own process outlived its worker"
-    finally:
-        workers.close()
 
 
 async def test_close_kills_a_worker_deaf_to_sigterm_and_its_children_within_the_bound():
@@ -295,16 +295,12 @@ async def test_close_kills_a_worker_deaf_to_sigterm_and_its_children_within_the_
 
 
 async def test_a_reply_larger_than_the_socket_buffer_is_read_whole():
-    workers = EnvWorkers("tests.support.envs:CountEnv", {"length": 9}, 1, 30.0)
-    workers.start()
-    try:
+    with count_workers(30.0) as workers:
         async with workers.episode() as episode:
             await episode.reset(1)
             observation, *_ = await episode.step("long")
             assert observation == "x" * (3 << 20)
             assert await episode.step("a") == ("step 2", 1.0, False, {})
-    finally:
-        workers.close()
 
 
 def test_a_wrong_env_fails_at_start_naming_it():
