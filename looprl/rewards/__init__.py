@@ -35,6 +35,22 @@ class RewardFailed(RuntimeError):
     allows (a judge that is down): the training run stops."""
 
 
+def check_failure_rate(
+    failed: int, total: int, max_rate: float, min_total: int, *, what: str, last_error: str
+) -> None:
+    """Raise RewardFailed when `failed` of the step's `total` scorings are more than
+    `max_rate` of max(total, `min_total`): counted over at least the step's rollouts,
+    so a step's first failures are not yet its whole share, while a step that never
+    fills (every rollout rejected) still counts them all. `what` says who failed what,
+    e.g. "the judge at URL failed {failed} of {total} judgments"."""
+    if failed > max_rate * max(total, min_total):
+        raise RewardFailed(
+            f"{what} this step ({failed / total:.0%}), more than reward.max_failure_rate="
+            f"{max_rate:g} allows; bring it back, or raise reward.max_failure_rate (1: a "
+            f"failing reward never stops the run). Its last error: {last_error}"
+        )
+
+
 @runtime_checkable
 class Reward(Protocol):
     def rollout(self, row: dict) -> AbstractAsyncContextManager[Scorer]: ...

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from looprl.config import CodeRewardConfig
-from looprl.rewards import RewardFailed, Scorer
+from looprl.rewards import Scorer, check_failure_rate
 from looprl.rewards.cases import ScriptTest, Test, judge_script, judge_stdio, parse_test
 from looprl.rewards.sandbox import Sandbox
 
@@ -126,18 +126,18 @@ class CodeReward:
         return judge_stdio(test, run.stdout, run.returncode)[0]
 
     def check_failures(self, max_rate: float, min_judgments: int) -> None:
-        """Raise RewardFailed when more than `max_rate` of the rollouts since the last
+        """RewardFailed when more than `max_rate` of the rollouts since the last
         `take_stats` (at least `min_judgments`) found no box to run in."""
-        errors, rollouts = (
-            self._counts["reward_code_sandbox_errors"],
-            self._counts["reward_code_rollouts"],
+        errors = self._counts["reward_code_sandbox_errors"]
+        rollouts = self._counts["reward_code_rollouts"]
+        check_failure_rate(
+            errors,
+            rollouts,
+            max_rate,
+            min_judgments,
+            what=f"the code sandbox could not start a box for {errors} of {rollouts} rollouts",
+            last_error=self._last_error,
         )
-        if errors > max_rate * max(rollouts, min_judgments):
-            raise RewardFailed(
-                f"the code sandbox could not start a box for {errors} of {rollouts} rollouts "
-                f"this step ({errors / rollouts:.0%}), more than reward.max_failure_rate="
-                f"{max_rate:g} allows. Its last error: {self._last_error}"
-            )
 
     def take_stats(self) -> dict[str, int]:
         names = ["rollouts", "tests", "tests_passed", "timeouts", "over_budget", "sandbox_errors"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from openai import AsyncOpenAI
 
 from looprl.config import JudgeConfig
-from looprl.rewards import RewardFailed, Scorer
+from looprl.rewards import Scorer, check_failure_rate
 
 log = logging.getLogger(__name__)
 
@@ -308,19 +308,19 @@ class JudgeReward:
         return self.cfg.fallback_reward
 
     def check_failures(self, max_rate: float, min_judgments: int) -> None:
-        """Raise RewardFailed when more than `max_rate` of the judgments since the last
+        """RewardFailed when more than `max_rate` of the judgments since the last
         `take_stats()` (a step's) failed, counted over at least `min_judgments` (the
-        step's rollouts), so that a step's first failures are not yet its whole share
-        while a step that never fills (every rollout rejected) still counts them all."""
+        step's rollouts)."""
         judged = self._counts["reward_judge_judgments"]
         failed = self._counts["reward_judge_failures"]
-        if failed > max_rate * max(judged, min_judgments):
-            raise RewardFailed(
-                f"the judge at {self.client.base_url} failed {failed} of {judged} judgments "
-                f"this step ({failed / judged:.0%}), more than reward.max_failure_rate="
-                f"{max_rate:g} allows; bring it back, or raise reward.max_failure_rate (1: a "
-                f"failing judge never stops the run). Its last error: {self.last_error}"
-            )
+        check_failure_rate(
+            failed,
+            judged,
+            max_rate,
+            min_judgments,
+            what=f"the judge at {self.client.base_url} failed {failed} of {judged} judgments",
+            last_error=str(self.last_error),
+        )
 
     def _reference(self, row: dict) -> str:
         return str(row.get(self.answer_field, ""))
