@@ -215,10 +215,10 @@ def _track_names(statement: ast.stmt, known: dict[str, ast.expr]) -> None:
         leaves: list[ast.expr] = []
         value = _Split(known, leaves).visit(copy.deepcopy(statement.value))
         name = statement.targets[0].id
-        if not leaves:
+        if leaves:  # the program computes it: judged in the box from here on
+            known.pop(name, None)
+        else:
             known[name] = value
-            return
-        known.pop(name, None)
         return
     for node in ast.walk(statement):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
@@ -458,8 +458,9 @@ class _Evaluate:
             case ast.Name(id=name):
                 return _FUNCTIONS[name]
             case ast.Call(func=func, args=args, keywords=keywords):
-                function = _MATH[func.attr] if isinstance(func, ast.Attribute) else None
-                function = function or _FUNCTIONS[func.id]
+                function = (
+                    _MATH[func.attr] if isinstance(func, ast.Attribute) else _FUNCTIONS[func.id]
+                )
                 kwargs = {k.arg: self.run(k.value) for k in keywords}
                 return function(*[self.run(a) for a in args], **kwargs)
         raise ValueError(f"cannot evaluate {ast.unparse(node)[:80]} here")
