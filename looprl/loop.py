@@ -25,6 +25,7 @@ import torch
 
 from looprl import startup
 from looprl.config import Config
+from looprl.diagnostics.collapse import CollapseWatch, action_stats
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.rollout.controller import RolloutController
 from looprl.runs import checkpoint as checkpoint_io
@@ -110,6 +111,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 before = restore(checkpoint, controller, rows, metrics)
             saver = Saver(cfg, paths, trainer, controller, rows, metrics, last_step=first_step - 1)
             trajectories = TrajectoryWriter(paths, cfg.metrics, tokenizer, first_step)
+            collapse = CollapseWatch(cfg.diagnostics)
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
@@ -128,6 +130,9 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     tokenizer.pad_token_id,
                     cfg.train.overlong,
                     cfg.sampling.max_new_tokens,
+                    credit=cfg.train.credit,
+                    gamma=cfg.train.gamma,
+                    gae_lambda=cfg.train.gae_lambda,
                 )
                 metrics.status("training")
                 train_stats = await train_step(trainer, batch, engine)
@@ -135,18 +140,17 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 # would take a seed that a resume from this step's checkpoint replays.
                 train_stats.update(await trajectories.write(step, rollout, batch, trainer))
                 controller.notify_version()
-                metrics.log(
-                    "train",
-                    step,
-                    {
-                        **rollout.stats(),
-                        **reward_stats,
-                        **batch_stats,
-                        **train_stats,
-                        "response_length": batch_stats["num_sampled_tokens"] / len(batch.rewards),
-                        "step_time_s": time.monotonic() - step_start,
-                    },
-                )
+                record = {
+                    **rollout.stats(),
+                    **reward_stats,
+                    **batch_stats,
+                    **train_stats,
+                    **multi_turn_actions(rollout),
+                    "response_length": batch_stats["num_sampled_tokens"] / len(batch.rewards),
+                    "step_time_s": time.monotonic() - step_start,
+                }
+                metrics.log("train", step, record)
+                collapse.check(step, record)
                 metrics.log_samples(step, rollout.trajectories, batch.advantages, tokenizer.decode)
                 if stop.signal is not None or saver.due(step):
                     await saver.save(step)
@@ -172,6 +176,16 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     )
 
 
+def multi_turn_actions(rollout) -> dict[str, float]:
+    """The action distribution (diagnostics/collapse.py) of the replies of a batch in
+    which some rollout made several model calls; nothing for single-call batches, whose
+    first words are answers, not actions."""
+    calls = [o.calls for o in rollout.outcomes]
+    if not any(len(c) > 1 for c in calls):
+        return {}
+    return action_stats([call["reply"] for c in calls for call in c])
+
+
 def describe_loss(cfg: Config) -> str:
     """One sentence naming the loss as it runs: objective, resolved clip range, mismatch
     correction, and the distribution the trainer's logprobs are of."""
@@ -182,9 +196,22 @@ def describe_loss(cfg: Config) -> str:
         "tis": f"truncated at {train.mismatch_cap:g}",
         "mis": f"weights outside [{train.mismatch_floor:g}, {train.mismatch_cap:g}] masked",
     }[train.mismatch_correction]
+    credit = {
+        "per_call": " (turns credited per_call: one baseline over every call of a group)",
+        "per_turn": "",
+        "episode": " (turns credited by episode: the episode return's advantage on every call)",
+        "gae": f" (turns credited by gae: gamma {train.gamma:g}, lambda {train.gae_lambda:g})",
+    }[train.credit]
+    bonus = ""
+    if train.entropy_coef > 0:
+        below = f" when the batch entropy is below {train.entropy_floor:g}" * (
+            train.entropy_floor > 0
+        )
+        bonus = f", entropy bonus {train.entropy_coef:g}{below}"
     return (
-        f"Loss: {train.algorithm} advantages, {train.objective} objective with its ratio "
-        f"clipped to [{1 - low:g}, {1 + high:g}] (eps_clip={low:g}, eps_clip_high={high:g}), "
+        f"Loss: {train.algorithm} advantages{credit}{bonus}, {train.objective} objective "
+        f"with its ratio clipped to [{1 - low:g}, {1 + high:g}] (eps_clip={low:g}, "
+        f"eps_clip_high={high:g}), "
         f"{train.loss_agg} aggregation; behavior weight ({train.mismatch_level} level) "
         f"{train.mismatch_correction}: {correction}; logprobs at temperature "
         f"{sampling['temperature']:g}, top_k {sampling['top_k']}, top_p {sampling['top_p']:g} "

@@ -139,11 +139,15 @@ class EpisodeReward:
     """What a multi-turn workflow may return: each chat completion's reward by its id
     (e.g. its return-to-go) and the rollout's own reward (the episode return), which
     stands for the rollout in its group's stats and filtering. `success` (None: unknown)
-    is what held-out accuracy counts instead of `total >= 1`."""
+    is what held-out accuracy counts instead of `total >= 1`. `per_step` (optional): each
+    call's own reward r_t, before any return is summed (per_call may hold returns-to-go);
+    `train.credit=gae` discounts these itself (a call it does not name: its per_call
+    value)."""
 
     per_call: dict[str, float]
     total: float
     success: bool | None = None
+    per_step: dict[str, float] | None = None
 
 
 @dataclass
@@ -206,6 +210,12 @@ class Trajectory:
     model call of the sample stopped at its token limit (finish_reason "length");
     `longest_call_tokens`: the most tokens sampled by one of its calls, the length that
     limit bounds (None: all its sampled tokens, as for one call).
+
+    Its place in its episode, for the credit options of multi-turn rollouts
+    (`train.credit`): `turn`, the 1-based position of its first model call among the
+    rollout's calls; `episode_return`, the rollout's reward (the episode return), which
+    every sample of the rollout holds; `step_reward`, the call's own reward r_t (None:
+    `reward`).
     """
 
     input_ids: torch.Tensor  # (T,) int64
@@ -218,6 +228,9 @@ class Trajectory:
     text: str = ""
     truncated: bool = False
     longest_call_tokens: int | None = None
+    turn: int = 1
+    episode_return: float | None = None
+    step_reward: float | None = None
 
     def __post_init__(self) -> None:
         t = self.input_ids.shape
@@ -235,6 +248,12 @@ class Trajectory:
             raise ValueError("Trajectory.loss_mask[0] is True; the first token is never sampled")
         if self.longest_call_tokens is None:
             self.longest_call_tokens = self.num_sampled_tokens
+        if self.turn < 1:
+            raise ValueError(f"Trajectory.turn={self.turn} must be >= 1 (1-based)")
+        if self.episode_return is None:
+            self.episode_return = self.reward
+        if self.step_reward is None:
+            self.step_reward = self.reward
 
     @property
     def num_tokens(self) -> int:
@@ -259,6 +278,9 @@ class Trajectory:
             "text": self.text,
             "truncated": self.truncated,
             "longest_call_tokens": self.longest_call_tokens,
+            "turn": self.turn,
+            "episode_return": self.episode_return,
+            "step_reward": self.step_reward,
         }
 
     @classmethod
@@ -274,4 +296,7 @@ class Trajectory:
             text=row.get("text", ""),
             truncated=bool(row.get("truncated", False)),
             longest_call_tokens=row.get("longest_call_tokens"),
+            turn=int(row.get("turn", 1)),
+            episode_return=row.get("episode_return"),
+            step_reward=row.get("step_reward"),
         )

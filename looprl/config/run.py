@@ -112,6 +112,20 @@ class DiagnosticsConfig(Section):
         "broadcast, ...) raises, which stops the run; torch's own default is 30 min.",
     )
 
+    collapse_entropy: float = Field(
+        0.05,
+        ge=0,
+        description="Warn when a training step's sampled tokens have a mean entropy below "
+        "this (nats per token): the policy is collapsing onto one reply; 0 never warns.",
+    )
+    collapse_action_share: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Multi-turn runs: warn when one action (a reply's first word) takes "
+        "at least this share of a step's replies; 1 warns only when every reply is one.",
+    )
+
     @model_validator(mode="after")
     def _report_before_the_collective_fails(self) -> DiagnosticsConfig:
         if self.collective_timeout_s <= self.hang_timeout_s:

@@ -167,6 +167,10 @@ class RolloutController:
         episode = reward if isinstance(reward, EpisodeReward) else None
         if episode is not None:  # per-call rewards for the samples, the total for the rollout
             reward = episode.per_call
+        if episode is not None:
+            scalar = episode.total
+        else:
+            scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
         trajectories, export_stats, breaks = build_trajectories(
             session.interactions,
             reward,
@@ -176,6 +180,8 @@ class RolloutController:
             group_id=group_id,
             session_id=handle.id,
             decode=self.decode,
+            episode_return=scalar,
+            step_rewards=None if episode is None else episode.per_step,
         )
         export_stats["tool_call_errors"] = session.tool_call_errors
         if breaks and "concat_break" not in self._errors_logged:
@@ -193,10 +199,6 @@ class RolloutController:
             )
             self._log_error(error)
             return RolloutOutcome(group_id, "failed", error=error, elapsed_s=elapsed, started=start)
-        if episode is not None:
-            scalar = episode.total
-        else:
-            scalar = reward if isinstance(reward, float) else sum(reward.values()) / len(reward)
         return RolloutOutcome(
             group_id,
             "completed",

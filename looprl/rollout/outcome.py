@@ -76,7 +76,12 @@ def check_reward(
         total, total_error = check_reward(value.total)
         if error or total_error:
             return None, error or f"{total_error} (EpisodeReward.total)"
-        return EpisodeReward(per_call, total, value.success), None
+        per_step = None
+        if value.per_step is not None:
+            per_step, step_error = check_reward(value.per_step)
+            if step_error:
+                return None, f"{step_error} (EpisodeReward.per_step)"
+        return EpisodeReward(per_call, total, value.success, per_step), None
     if isinstance(value, dict):
         rewards = {}
         for key, r in value.items():

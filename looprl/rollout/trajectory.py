@@ -19,6 +19,13 @@ A concatenated sample gets the reward of its last call. A dict {completion_id: r
 gives per-call credit as it is (no discount), so it always exports per call; calls it
 does not name are dropped and counted.
 
+Place in the episode (for `train.credit`). Each sample holds `turn`, the 1-based position
+of its first call among the calls, the rollout's `episode_return`, and `step_reward`,
+its calls' own reward r_t: under a dict, the call's entry of `step_rewards` (its
+immediate reward, where the dict holds returns) else its dict value; under a float R,
+R for the sample holding the last call and 0 for the others (the outcome comes at the
+end).
+
 Length. A sample is `truncated` when any of its calls stopped at the token limit
 (finish_reason "length"), and its length for overlong shaping is its longest call's
 sampled tokens (`longest_call_tokens`): the limit bounds each call, not the sum.
@@ -48,9 +55,13 @@ def build_trajectories(
     group_id: str = "",
     session_id: str = "",
     decode: Callable[[list[int]], str] | None = None,
+    episode_return: float | None = None,
+    step_rewards: dict[str, float] | None = None,
 ) -> tuple[list[Trajectory], dict[str, int], list[str]]:
     """The samples of one rollout, counts of what was merged or dropped, and why each
-    concatenation broke (one sentence per break, naming the call and the token)."""
+    concatenation broke (one sentence per break, naming the call and the token).
+    `episode_return` (None: a float reward itself, a dict's mean) and `step_rewards`: see
+    the module docstring."""
     calls = [it for it in interactions if it.output_ids]
     stats = {
         "calls": len(interactions),
@@ -65,6 +76,10 @@ def build_trajectories(
         rewarded = [it for it in calls if it.completion_id in reward]
         stats["unrewarded_calls"] = len(calls) - len(rewarded)
         segments = [([it], float(reward[it.completion_id])) for it in rewarded]
+        steps = step_rewards or {}
+        step_of = [float(steps.get(it.completion_id, r)) for [it], r in segments]
+        if episode_return is None:
+            episode_return = sum(reward.values()) / len(reward) if reward else 0.0
     else:
         per_call = call_rewards(float(reward), len(calls), assignment, discount)
         if mode == "per_call":
@@ -75,11 +90,19 @@ def build_trajectories(
             stats["concat_broken_sessions"] = int(bool(reasons))
         ends = itertools.accumulate(len(chain) for chain in chains)  # chains split calls in order
         segments = [(chain, per_call[end - 1]) for chain, end in zip(chains, ends, strict=True)]
+        step_of = [float(reward) if chain[-1] is calls[-1] else 0.0 for chain, _ in segments]
+        if episode_return is None:
+            episode_return = float(reward)
 
+    position = {id(it): k for k, it in enumerate(calls, start=1)}
     samples = [
         _assemble(chain, r, group_id=group_id, session_id=session_id, decode=decode)
         for chain, r in segments
     ]
+    for sample, (chain, _), step in zip(samples, segments, step_of, strict=True):
+        sample.turn = position[id(chain[0])]
+        sample.episode_return = float(episode_return)
+        sample.step_reward = step
     return samples, stats, reasons
 
 

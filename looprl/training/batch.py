@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from looprl.config import OverlongConfig
-from looprl.training.advantages import compute_advantages
+from looprl.training.advantages import Credit, Episodes, credit_advantages
 from looprl.training.overlong import shape_overlong
 from looprl.types import Trajectory
 
@@ -40,6 +40,7 @@ class TrainBatch:
     proximal_logprobs: torch.Tensor | None = None  # (N, T) float32
     ref_logprobs: torch.Tensor | None = None  # (N, T) float32
     teacher_logprobs: torch.Tensor | None = None  # (N, T) float32, algorithm=distill
+    turn: torch.Tensor | None = None  # (N,) int64, each sample's 1-based turn in its rollout
 
     @property
     def num_sequences(self) -> int:
@@ -75,13 +76,21 @@ def build_batch(
     pad_token_id: int,
     overlong: OverlongConfig | None = None,
     max_new_tokens: int | None = None,
+    *,
+    credit: Credit = "per_call",
+    gamma: float = 1.0,
+    gae_lambda: float = 1.0,
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Pad trajectories into a TrainBatch; trajectories with equal `group_id` form a group
     whose advantages `algorithm` (train.algorithm) computes from their rewards, shaped
-    by `overlong` (train.overlong; its L_max defaults to `max_new_tokens`) first. A
-    sample it leaves out keeps its row, with no token in the loss mask and advantage 0.
-    Stats: the advantages' (`reward_mean` of the rewards before shaping), the overlong
-    counts, and token counts of what was sampled (samples left out included)."""
+    by `overlong` (train.overlong; its L_max defaults to `max_new_tokens`) first, with
+    the turns of multi-turn rollouts credited as `credit` says (train.credit, with
+    train.gamma and train.gae_lambda; advantages.py). A sample it leaves out keeps its
+    row, with no token in the loss mask and advantage 0. Stats: the advantages'
+    (`reward_mean` of the rewards before shaping), `degenerate_group_share` (the rollout
+    groups whose episode returns were all equal), the overlong counts, token counts of
+    what was sampled (samples left out included) and, when a rollout has several samples,
+    the per-turn figures of `turn_stats`."""
     if not trajectories:
         raise ValueError("build_batch got no trajectories")
     n, width = len(trajectories), max(t.num_tokens for t in trajectories)
@@ -113,8 +122,12 @@ def build_batch(
         shaped, left_out, overlong_stats = shape_overlong(
             rewards, lengths, truncated, overlong, limit
         )
-    advantages, stats = compute_advantages(algorithm, shaped, group_index)
+    episodes = _episodes(trajectories, shaped - rewards)
+    advantages, stats = credit_advantages(
+        credit, algorithm, shaped, group_index, episodes, gamma=gamma, gae_lambda=gae_lambda
+    )
     stats.update(overlong_stats, reward_mean=float(rewards.mean()))
+    stats["degenerate_group_share"] = degenerate_share(group_index, episodes)
     num_sampled_tokens = int(loss_mask.sum())
     loss_mask[left_out] = False
     advantages = torch.where(left_out, 0.0, advantages)
@@ -127,7 +140,10 @@ def build_batch(
         advantages=advantages,
         rewards=shaped,
         group_index=group_index,
+        turn=episodes.turn,
     )
+    if int(episodes.turn.max()) > 1:
+        stats.update(turn_stats(batch))
     stats.update(
         num_sequences=float(n),
         num_tokens=float(batch.num_tokens),
@@ -135,6 +151,63 @@ def build_batch(
         max_seq_len=float(width),
     )
     return batch, stats
+
+
+def _episodes(trajectories: list[Trajectory], shaping: torch.Tensor) -> Episodes:
+    """Each sample's rollout (by group and session; a sample without a session id is a
+    rollout of its own), turn, episode return and step reward, with the overlong shaping
+    `shaping` (N,) added to its step reward and summed into its rollout's return."""
+    keys: dict[tuple[str, str | int], int] = {}
+    index = [
+        keys.setdefault((t.group_id, t.session_id or i), len(keys))
+        for i, t in enumerate(trajectories)
+    ]
+    episode_index = torch.tensor(index, dtype=torch.int64)
+    added = torch.zeros(len(keys)).index_add_(0, episode_index, shaping)[episode_index]
+    return Episodes(
+        episode_index=episode_index,
+        turn=torch.tensor([t.turn for t in trajectories], dtype=torch.int64),
+        episode_return=torch.tensor([t.episode_return for t in trajectories]) + added,
+        step_reward=torch.tensor([t.step_reward for t in trajectories]) + shaping,
+    )
+
+
+def degenerate_share(group_index: torch.Tensor, episodes: Episodes) -> float:
+    """The share of rollout groups whose rollouts' returns were all equal (no signal)."""
+    returns: dict[int, set[float]] = {}
+    seen = set()
+    for g, e, r in zip(
+        group_index.tolist(),
+        episodes.episode_index.tolist(),
+        episodes.episode_return.tolist(),
+        strict=True,
+    ):
+        if e not in seen:
+            seen.add(e)
+            returns.setdefault(g, set()).add(r)
+    return sum(len(values) == 1 for values in returns.values()) / len(returns)
+
+
+def turn_stats(batch: TrainBatch) -> dict[str, float]:
+    """Per turn position k (1-based) of the batch's samples: `turn{k}_samples`, the mean
+    reward the estimator saw (`turn{k}_return_mean`), the advantages' mean and mean
+    absolute value, and `turn{k}_loss_share`: that turn's share of sum |A| x sampled
+    tokens over the batch, its weight in the policy loss before clipping (0 everywhere
+    when every advantage is 0)."""
+    tokens = batch.loss_mask.sum(dim=1).float()  # (N,)
+    weight = batch.advantages.abs() * tokens  # (N,)
+    total = float(weight.sum())
+    stats = {}
+    for k in range(1, int(batch.turn.max()) + 1):
+        at = batch.turn == k
+        if not bool(at.any()):
+            continue
+        stats[f"turn{k}_samples"] = float(at.sum())
+        stats[f"turn{k}_return_mean"] = float(batch.rewards[at].mean())
+        stats[f"turn{k}_advantage_mean"] = float(batch.advantages[at].mean())
+        stats[f"turn{k}_advantage_abs_mean"] = float(batch.advantages[at].abs().mean())
+        stats[f"turn{k}_loss_share"] = float(weight[at].sum()) / total if total > 0 else 0.0
+    return stats
 
 
 def micro_batch_indices(lengths: torch.Tensor, max_tokens_per_mb: int) -> list[torch.Tensor]:

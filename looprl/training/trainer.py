@@ -226,6 +226,8 @@ class Trainer:
         self.step_logprobs: torch.Tensor | None = None
         self._recording: tuple[torch.Tensor, torch.Tensor] | None = None  # see train_step
         self._distill_baseline = 0.0  # see train_step
+        self._entropy_coef = 0.0  # this step's entropy bonus (train.entropy_floor), see train_step
+        self._turn_entropy: torch.Tensor | None = None  # see train_step
 
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Float32 logprobs (N, T) of `batch` under the current weights, without grad."""
@@ -270,6 +272,15 @@ class Trainer:
         batch = replace(
             batch, proximal_logprobs=proximal, ref_logprobs=ref, teacher_logprobs=teacher
         )
+        # The entropy bonus of this step: on when train.entropy_floor is 0, or when the
+        # engine's sampled tokens, mean -log pi an estimate of the policy's entropy,
+        # fall below it.
+        sampled_nll = -float(batch.behavior_logprobs[batch.loss_mask].mean())
+        floor = self.cfg.entropy_floor
+        self._entropy_coef = self.cfg.entropy_coef if floor == 0 or sampled_nll < floor else 0.0
+        # Per-turn entropy sums and token counts (turns 0..max), filled by the passes.
+        turns = 0 if batch.turn is None else int(batch.turn.max())
+        self._turn_entropy = torch.zeros(turns + 1, 2, dtype=torch.float64) if turns > 1 else None
         steps: list[dict[str, float]] = []
         for _ in range(self.cfg.ppo_epochs):
             for mini in split_mini_batches(batch, self.cfg.mini_batches):
@@ -290,7 +301,15 @@ class Trainer:
         counts = {key: sum(s.pop(key) for s in steps) for key in _COUNTS}
         out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
         elapsed = time.perf_counter() - start
+        if self._turn_entropy is not None:  # each process ran its own rows
+            summed = self._sum_over_ranks(self._turn_entropy)
+            for k, (total, tokens) in enumerate(summed.tolist()):
+                if tokens > 0:
+                    out[f"turn{k}_entropy"] = total / tokens
+            self._turn_entropy = None
         out.update(
+            sampled_nll=sampled_nll,
+            entropy_bonus_coef=self._entropy_coef,
             lr=lr,
             tokens_per_s=counts["num_tokens"] / elapsed,
             train_time_s=elapsed,
@@ -322,7 +341,7 @@ class Trainer:
         cfg = self.cfg
         normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
         kept = torch.arange(batch.num_sequences)  # rows of `batch` run, by their index
-        if cfg.kl_coef == 0 and batch.teacher_logprobs is None:
+        if cfg.kl_coef == 0 and batch.teacher_logprobs is None and self._entropy_coef == 0:
             kept = _rows_with_gradient(batch)
             batch = batch.select(kept)
         eps_clip, eps_clip_high = cfg.clip_range()
@@ -364,9 +383,22 @@ class Trainer:
                 mismatch_floor=cfg.mismatch_floor,
                 mismatch_level=cfg.mismatch_level,
             )
+            with torch.set_grad_enabled(self._entropy_coef > 0):
+                token_entropy = entropy_from_logits(logits)  # (K,)
+            if self._entropy_coef > 0:  # the bonus, aggregated as the loss is
+                per_token = torch.zeros_like(logprobs).masked_scatter(mb.loss_mask, token_entropy)
+                bonus = aggregate(per_token, mb.loss_mask, cfg.loss_agg, normalizer)
+                loss = loss - self._entropy_coef * bonus
+            token_entropy = token_entropy.detach()
+            if self._turn_entropy is not None and counts and mb.turn is not None:
+                token_turn = mb.turn[mb.loss_mask.nonzero()[:, 0]].cpu()  # (K,)
+                self._turn_entropy[:, 0].index_add_(0, token_turn, token_entropy.double().cpu())
+                self._turn_entropy[:, 1].index_add_(
+                    0, token_turn, torch.ones_like(token_turn).double()
+                )
             with torch.no_grad():
                 # A micro-batch of rows left out of the loss has no sampled token.
-                stats["entropy"] = float(entropy_from_logits(logits).sum()) / max(len(picked), 1)
+                stats["entropy"] = float(token_entropy.sum()) / max(len(picked), 1)
                 stats["logprob_mean"] = masked_mean(logprobs.detach(), mb.loss_mask)
                 if mb.teacher_logprobs is not None:  # k1 estimate of KL(student || teacher)
                     stats["distill_kl"] = -masked_mean(gap, mb.loss_mask)

@@ -8,7 +8,8 @@ observation, is the next turn's prompt (or the episode ends: `end_on_invalid_act
 The episode ends when the env says done or after `max_turns` replies.
 
 Credit: reply t gets its return-to-go G_t = r_t + discount * G_{t+1} (the last reply's
-is its own reward); the rollout's reward is the episode return sum_t r_t, which is what
+is its own reward), and r_t itself goes along (`EpisodeReward.per_step`, for
+`train.credit=gae`); the rollout's reward is the episode return sum_t r_t, which is what
 its group's statistics and filtering see. It returns an EpisodeReward with `success`:
 the env's own `info["success"]` of its last accepted step (so an env that reports it on
 every step, as the Gymnasium adapters do, judges an episode that max_turns cut short),
@@ -127,6 +128,7 @@ class EnvWorkflow:
             per_call={cid: g for (cid, _), g in zip(credit, to_go, strict=True)},
             total=total,
             success=total > 0 if success is None else bool(success),
+            per_step=dict(credit),
         )
 
     def messages(self, turns: list[tuple[str, str]], prompt: str) -> list[dict[str, str]]:
