@@ -2,7 +2,8 @@
 
 Owns: the run's `metrics.jsonl` (`RunPaths.metrics`: one JSON object per step or
 evaluation), the rich progress bar with the key numbers, `reward.png`
-(`RunPaths.reward_plot`: reward and held-out accuracy over steps), the `state_dict` a
+(`RunPaths.reward_plot`: reward and held-out accuracy over steps, the engine-vs-trainer
+mismatch, and for a multi-turn run the per-turn diagnostics), the `state_dict` a
 checkpoint needs to continue the file (a resume rewinds the file atomically, through
 looprl/runs/atomic.py), and sending each record and a few rollouts per step to the
 experiment trackers (looprl/trackers/). Knows nothing of how the numbers are produced.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -188,17 +190,69 @@ MISMATCH_LINES = {
     "mismatch_logprob_abs_mean": "mean |log pi_trainer - log pi_engine|",
     "mismatch_kl_k3": "KL(engine || trainer), k3",
 }
+TURN_KEY = re.compile(r"turn(\d+)_")  # turn{k}_<name>: k is a model call's position in its episode
+ACTION_PREFIX = "action_share_"  # action_share_<word>: share of replies whose first word is <word>
+MAX_ACTION_WORDS = 8  # the plot folds rarer first words into "other"
 
 
 def figure(records: list[dict[str, Any]]):
-    """The plot of `records`: reward and held-out accuracy (top), mismatch (bottom)."""
+    """The plot of `records`: reward and held-out accuracy (top), mismatch (below) and,
+    for a multi-turn run (train records with `turn{k}_*` keys), six panels more: return
+    and advantage |mean| per turn, token entropy per turn, the two collapse signals
+    (groups with equal returns, the most common first word), the first words of the
+    replies and each turn's share of the loss. A single-turn run gets the first two only."""
     import matplotlib.pyplot as plt
 
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
-    fig, (ax, below) = plt.subplots(
-        2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
+    turns = turn_positions(train)
+    if not turns:
+        fig, (ax, below) = plt.subplots(
+            2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+        )
+    else:
+        fig = plt.figure(figsize=(13, 15))
+        grid = fig.add_gridspec(5, 2, height_ratios=[2, 1, 1.3, 1.3, 1.3])
+        ax = fig.add_subplot(grid[0, :])
+        below = fig.add_subplot(grid[1, :], sharex=ax)
+        returns, advantages, entropy, collapse, loss, actions = (
+            fig.add_subplot(grid[2 + i // 2, i % 2], sharex=ax) for i in range(6)
+        )
+    _plot_reward(ax, train, evals)
+    _plot_mismatch(below, train)
+    if turns:
+        _plot_per_turn(returns, train, turns, "return_mean", "mean reward of the calls")
+        _plot_per_turn(advantages, train, turns, "advantage_abs_mean", "mean |advantage|")
+        _plot_entropy(entropy, train, turns)
+        _plot_collapse(collapse, train)
+        _plot_loss_shares(loss, train, turns)
+        _plot_action_shares(actions, train)
+    fig.tight_layout()
+    return fig
+
+
+def turn_positions(train: list[dict[str, Any]]) -> list[int]:
+    """The turn positions k that any of the `train` records has `turn{k}_*` keys for, in
+    order; none for a single-turn run."""
+    return sorted({int(m.group(1)) for r in train for key in r if (m := TURN_KEY.match(key))})
+
+
+def action_shares(train: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
+    """The steps that logged action shares, and each first word's share at those steps (a
+    word a step did not log: 0), the words by their summed share, largest first (ties by
+    name); beyond MAX_ACTION_WORDS they are added to "other", which comes last."""
+    keys = {k for r in train for k in r if k.startswith(ACTION_PREFIX)}
+    words = sorted(k.removeprefix(ACTION_PREFIX) for k in keys - {ACTION_PREFIX + "other"})
+    steps, columns = _stacked(train, [ACTION_PREFIX + w for w in [*words, "other"]])
+    shares = dict(zip([*words, "other"], columns, strict=True))
+    other = shares.pop("other")
+    ranked = sorted(shares, key=lambda w: -sum(shares[w]))  # stable: ties stay by name
+    for word in ranked[MAX_ACTION_WORDS:]:
+        other = [a + b for a, b in zip(other, shares[word], strict=True)]
+    return steps, {w: shares[w] for w in ranked[:MAX_ACTION_WORDS]} | {"other": other}
+
+
+def _plot_reward(ax, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
     ax.plot(
         [r["step"] for r in train],
         [r.get("reward_mean") for r in train],
@@ -215,18 +269,94 @@ def figure(records: list[dict[str, Any]]):
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+
+
+def _plot_mismatch(ax, train: list[dict[str, Any]]) -> None:
     for key, label in MISMATCH_LINES.items():
-        below.plot(
-            [r["step"] for r in train if r.get(key) is not None],
-            [r[key] for r in train if r.get(key) is not None],
-            label=label,
-        )
-    below.set_title("engine vs trainer, tokens of the trainer's version", fontsize=9)
-    below.set_xlabel("step")
-    below.grid(alpha=0.3)
-    below.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    return fig
+        ax.plot(*_logged(train, key), label=label)
+    ax.set_title("engine vs trainer, tokens of the trainer's version", fontsize=9)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+
+
+def _plot_per_turn(
+    ax, train: list[dict[str, Any]], turns: list[int], name: str, label: str
+) -> None:
+    """A line per turn position of `turn{k}_<name>`, at the steps that logged it."""
+    for k in turns:
+        ax.plot(*_logged(train, f"turn{k}_{name}"), label=f"turn {k}", color=_turn_color(k))
+    _finish(ax, f"{label} per turn position", label)
+
+
+def _plot_entropy(ax, train: list[dict[str, Any]], turns: list[int]) -> None:
+    ax.plot(*_logged(train, "entropy"), label="all turns", color="black", linewidth=2)
+    for k in turns:
+        ax.plot(*_logged(train, f"turn{k}_entropy"), label=f"turn {k}", color=_turn_color(k))
+    _finish(ax, "token entropy of the sampled tokens", "entropy (nats)")
+
+
+def _plot_collapse(ax, train: list[dict[str, Any]]) -> None:
+    ax.plot(
+        *_logged(train, "degenerate_group_share"),
+        label="groups with equal returns",
+        color="black",
+    )
+    ax.plot(
+        *_logged(train, "action_top_share"),
+        label="most common first word",
+        color="dimgray",
+        linestyle="--",
+    )
+    ax.set_ylim(-0.02, 1.02)
+    _finish(ax, "signs of collapse", "share")
+
+
+def _plot_loss_shares(ax, train: list[dict[str, Any]], turns: list[int]) -> None:
+    steps, columns = _stacked(train, [f"turn{k}_loss_share" for k in turns])
+    if steps:
+        colors = [_turn_color(k) for k in turns]
+        ax.stackplot(steps, columns, labels=[f"turn {k}" for k in turns], colors=colors)
+    ax.set_ylim(0, 1)
+    _finish(ax, "share of the loss from each turn position (stacked)", "share of the loss")
+
+
+def _plot_action_shares(ax, train: list[dict[str, Any]]) -> None:
+    import matplotlib.pyplot as plt
+
+    steps, shares = action_shares(train)
+    if steps:
+        palette = plt.get_cmap("tab20").colors
+        colors = [palette[i % len(palette)] for i in range(len(shares) - 1)] + ["lightgray"]
+        ax.stackplot(steps, list(shares.values()), labels=list(shares), colors=colors)
+    ax.set_ylim(0, 1)
+    _finish(ax, "first word of the replies (stacked shares)", "share of replies")
+
+
+def _finish(ax, title: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+
+
+def _turn_color(k: int) -> str:
+    """Turn position k's color in every panel: matplotlib's k-th default color."""
+    return f"C{(k - 1) % 10}"
+
+
+def _logged(train: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """The steps that logged `key` (not null) and its values there."""
+    rows = [r for r in train if r.get(key) is not None]
+    return [r["step"] for r in rows], [r[key] for r in rows]
+
+
+def _stacked(train: list[dict[str, Any]], keys: list[str]) -> tuple[list[int], list[list[float]]]:
+    """The steps that logged any of `keys`, and per key its values there (not logged: 0)."""
+    rows = [r for r in train if any(r.get(k) is not None for k in keys)]
+    return [r["step"] for r in rows], [[r.get(k) or 0.0 for r in rows] for k in keys]
 
 
 def _pct(value: Any) -> str:

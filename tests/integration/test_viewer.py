@@ -266,6 +266,92 @@ def test_two_runs_compare_on_the_plots_and_step_by_step(page, run_dir, tmp_path)
         expect(page.locator("#compare-a .summary")).to_contain_text("step 2 ")
 
 
+def with_turn_metrics(rows: list[dict]) -> list[dict]:
+    """`rows` with a multi-turn run's train keys: 2 turn positions on even steps and 3 on
+    odd ones; first words "search" (0.5), "click" (odd steps) or "answer" (even), "other"."""
+    for row in rows:
+        if row["kind"] != "train":
+            continue
+        step = row["step"]
+        turns = 2 + step % 2
+        row["degenerate_group_share"] = step / 100
+        for k in range(1, turns + 1):
+            row[f"turn{k}_samples"] = 8
+            row[f"turn{k}_return_mean"] = step + k / 10
+            row[f"turn{k}_advantage_mean"] = 0.0
+            row[f"turn{k}_advantage_abs_mean"] = k + step / 100
+            row[f"turn{k}_entropy"] = 2.0 - k / 10
+            row[f"turn{k}_loss_share"] = 1 / turns
+        word = "click" if step % 2 else "answer"
+        row |= {"action_share_search": 0.5, f"action_share_{word}": 0.2, "action_share_other": 0.3}
+        row |= {"action_top_share": 0.5, "action_entropy": 1.0}
+    return rows
+
+
+def stack_edges(page, plot: str, label: str) -> list[tuple[float, float]]:
+    """A stacked band's (top, bottom) y per point, in the drawing's coordinates."""
+    d = page.get_attribute(f'svg[data-plot="{plot}"] path.area[data-label="{label}"]', "d")
+    ys = [float(y) for y in re.findall(r"[\d.]+,([\d.]+)", d)]
+    half = len(ys) // 2
+    return list(zip(ys[:half], reversed(ys[half:]), strict=True))
+
+
+def test_a_multi_turn_run_shows_the_turns_panel_and_a_single_turn_run_does_not(page, url, tmp_path):
+    steps = 6
+    run = write_synthetic_run(tmp_path / "turns", steps=steps, rows_per_step=8)
+    write_records(run, with_turn_metrics(metric_records(steps, 5)))
+    with viewing(run) as turns_url:
+        page.goto(turns_url)
+        expect(page.locator("#turns")).to_be_visible()
+        advantage = page.locator('svg[data-plot="turn-advantage"] path.series')
+        expect(advantage).to_have_count(3)
+        assert [advantage.nth(i).get_attribute("data-label") for i in range(3)] == [
+            "turn 1",
+            "turn 2",
+            "turn 3",
+        ]
+        assert len(path_commands(page, "turn-advantage", "turn 1")) == steps
+        assert path_commands(page, "turn-advantage", "turn 3") == "MMM"  # odd steps only
+        expect(page.locator('svg[data-plot="turn-return"] path.series')).to_have_count(3)
+        expect(page.locator('svg[data-plot="turn-entropy"] path.series')).to_have_count(4)
+        assert len(path_commands(page, "turn-entropy", "all turns")) == steps
+        collapse = "groups with equal returns"
+        assert len(path_commands(page, "turn-collapse", collapse)) == steps
+
+        areas = page.locator('svg[data-plot="turn-actions"] path.area')
+        assert [areas.nth(i).get_attribute("data-label") for i in range(areas.count())] == [
+            "search",
+            "answer",  # ties "click" (3 steps of 0.2 each): by name
+            "click",
+            "other",
+        ]
+        top = 8.0  # the drawing's y of a share of 1 (its top margin)
+        assert [t for t, _ in stack_edges(page, "turn-actions", "other")] == [top] * steps
+        answer = stack_edges(page, "turn-actions", "answer")
+        thick = [bottom - t > 1 for t, bottom in answer]
+        assert thick == [step % 2 == 0 for step in range(1, steps + 1)]  # missing: 0
+        loss = page.locator('svg[data-plot="turn-loss"] path.area')
+        expect(loss).to_have_count(3)
+        assert [t for t, _ in stack_edges(page, "turn-loss", "turn 3")] == [top] * steps
+
+        actions = page.locator('svg[data-plot="turn-actions"]')
+        actions.scroll_into_view_if_needed()
+        plot = actions.bounding_box()
+        page.mouse.move(plot["x"] + plot["width"] * 0.95, plot["y"] + plot["height"] / 2)
+        lines = page.inner_text("#tooltip").splitlines()
+        assert lines[0] == f"step {steps}"
+        assert {"search: 0.5", "answer: 0.2", "click: 0"} <= set(lines)  # missing: 0
+
+        options = page.locator("#extra-metric option").all_inner_texts()
+        assert "turn2_samples (train)" in options  # not drawn by the panel
+        assert "turn2_entropy (train)" not in options
+
+    page.goto(url)
+    page.wait_for_selector('svg[data-plot="reward"] path.series')
+    expect(page.locator("#turns")).to_be_hidden()
+    expect(page.locator("#turn-plots svg")).to_have_count(0)
+
+
 def test_view_refuses_a_folder_that_is_not_a_run_dir(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "looprl.cli", "view", str(tmp_path)],

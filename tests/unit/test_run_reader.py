@@ -42,6 +42,27 @@ def test_metrics_become_columns_and_a_bad_line_is_named(tmp_path):
     ]
 
 
+def test_a_multi_turn_runs_keys_are_columns_and_a_word_a_step_lacks_is_null(tmp_path):
+    """The page's turns panel reads these columns: turn{k}_* and action_share_<word>,
+    null where a step did not log them (the page counts a missing share as 0)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"kind": "train", "step": 1, "turn1_entropy": 1.5, "action_share_go": 0.6, '
+        '"action_share_other": 0.4}\n'
+        '{"kind": "train", "step": 2, "turn1_entropy": 1.4, "turn2_entropy": 1.2, '
+        '"action_share_look": 1.0, "action_share_other": 0.0}\n'
+    )
+    train = read_metrics(path)["columns"]["train"]
+    assert train == {
+        "step": [1, 2],
+        "turn1_entropy": [1.5, 1.4],
+        "action_share_go": [0.6, None],
+        "action_share_other": [0.4, 0.0],
+        "turn2_entropy": [None, 1.2],
+        "action_share_look": [None, 1.0],
+    }
+
+
 def test_the_overview_is_read_again_only_when_a_file_changed(run_dir):
     reader = RunReader(run_dir)
     first = reader.overview()

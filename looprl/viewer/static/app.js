@@ -134,18 +134,75 @@ function nearest(xs, x) {
   return Math.abs(xs[lo] - x) <= Math.abs(xs[hi] - x) ? lo : hi;
 }
 
-// spec: {id, title, series: [{label, xs, ys, color, dashed}], onClick(step)}
-function linePlot(spec) {
-  const box = el("div", { class: "plot", "data-plot-box": spec.id });
-  box.append(el("h3", { text: spec.title }));
-  const series = spec.series.filter((s) => s.ys.some((y) => y != null));
+// A plot's box: its title and legend ([{label, color}]) above the drawing.
+function plotBox(id, title, legend) {
+  const box = el("div", { class: "plot", "data-plot-box": id });
+  box.append(el("h3", { text: title }));
   box.append(
     el(
       "div",
       { class: "legend" },
-      spec.series.map((s) => el("span", {}, el("i", { style: `background:${s.color}` }), s.label)),
+      legend.map((s) => el("span", {}, el("i", { style: `background:${s.color}` }), s.label)),
     ),
   );
+  return box;
+}
+
+// The svg of plot `id` over steps x0..x1 and values y0..y1, with its grid and tick labels;
+// sx and sy map a step and a value to the drawing.
+function plotAxes(id, x0, x1, y0, y1) {
+  const sx = (x) => M.l + ((x - x0) / (x1 - x0)) * (W - M.l - M.r);
+  const sy = (y) => H - M.b - ((y - y0) / (y1 - y0)) * (H - M.t - M.b);
+  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, "data-plot": id, role: "img" });
+  for (const v of niceTicks(y0, y1, 4)) {
+    plot.append(svg("line", { class: "grid", x1: M.l, x2: W - M.r, y1: sy(v), y2: sy(v) }));
+    const label = svg("text", { x: M.l - 4, y: sy(v) + 3, "text-anchor": "end" });
+    label.textContent = fmt(v);
+    plot.append(label);
+  }
+  for (const v of niceTicks(x0, x1, 5)) {
+    const label = svg("text", { x: sx(v), y: H - 6, "text-anchor": "middle" });
+    label.textContent = fmt(v);
+    plot.append(label);
+  }
+  return { plot, sx, sy };
+}
+
+// Hovering the plot shows a cursor and the tooltip of describe(x) ({step, lines}) for
+// the step x under the mouse; a click calls onClick(that step).
+function addHover(plot, x0, x1, sx, describe, onClick) {
+  const cursor = svg("line", { class: "cursor", y1: M.t, y2: H - M.b, visibility: "hidden" });
+  plot.append(cursor);
+  const hover = svg("rect", { x: M.l, y: M.t, width: W - M.l - M.r, height: H - M.t - M.b, fill: "transparent" });
+  plot.append(hover);
+  const stepAt = (event) => {
+    const point = plot.createSVGPoint();
+    point.x = event.clientX;
+    point.y = event.clientY;
+    const local = point.matrixTransform(plot.getScreenCTM().inverse());
+    return x0 + ((local.x - M.l) / (W - M.l - M.r)) * (x1 - x0);
+  };
+  hover.addEventListener("mousemove", (event) => {
+    const { step, lines } = describe(stepAt(event));
+    cursor.setAttribute("x1", sx(step));
+    cursor.setAttribute("x2", sx(step));
+    cursor.setAttribute("visibility", "visible");
+    showTooltip([`step ${step}`, ...lines].join("\n"), event);
+  });
+  hover.addEventListener("mouseleave", () => {
+    cursor.setAttribute("visibility", "hidden");
+    hideTooltip();
+  });
+  if (onClick) {
+    hover.style.cursor = "pointer";
+    hover.addEventListener("click", (event) => onClick(describe(stepAt(event)).step));
+  }
+}
+
+// spec: {id, title, series: [{label, xs, ys, color, dashed}], onClick(step)}
+function linePlot(spec) {
+  const box = plotBox(spec.id, spec.title, spec.series);
+  const series = spec.series.filter((s) => s.ys.some((y) => y != null));
   if (!series.length) {
     box.append(el("div", { class: "empty", text: "no data yet" }));
     return box;
@@ -162,20 +219,7 @@ function linePlot(spec) {
   }
   if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
   if (y0 === y1) [y0, y1] = [y0 - (Math.abs(y0) || 1) * 0.1, y1 + (Math.abs(y1) || 1) * 0.1];
-  const sx = (x) => M.l + ((x - x0) / (x1 - x0)) * (W - M.l - M.r);
-  const sy = (y) => H - M.b - ((y - y0) / (y1 - y0)) * (H - M.t - M.b);
-  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, "data-plot": spec.id, role: "img" });
-  for (const v of niceTicks(y0, y1, 4)) {
-    plot.append(svg("line", { class: "grid", x1: M.l, x2: W - M.r, y1: sy(v), y2: sy(v) }));
-    const label = svg("text", { x: M.l - 4, y: sy(v) + 3, "text-anchor": "end" });
-    label.textContent = fmt(v);
-    plot.append(label);
-  }
-  for (const v of niceTicks(x0, x1, 5)) {
-    const label = svg("text", { x: sx(v), y: H - 6, "text-anchor": "middle" });
-    label.textContent = fmt(v);
-    plot.append(label);
-  }
+  const { plot, sx, sy } = plotAxes(spec.id, x0, x1, y0, y1);
   for (const s of series) {
     let d = "";
     let pen = false;
@@ -199,19 +243,7 @@ function linePlot(spec) {
       });
     }
   }
-  const cursor = svg("line", { class: "cursor", y1: M.t, y2: H - M.b, visibility: "hidden" });
-  plot.append(cursor);
-  const hover = svg("rect", { x: M.l, y: M.t, width: W - M.l - M.r, height: H - M.t - M.b, fill: "transparent" });
-  plot.append(hover);
-  const stepAt = (event) => {
-    const point = plot.createSVGPoint();
-    point.x = event.clientX;
-    point.y = event.clientY;
-    const local = point.matrixTransform(plot.getScreenCTM().inverse());
-    return x0 + ((local.x - M.l) / (W - M.l - M.r)) * (x1 - x0);
-  };
-  hover.addEventListener("mousemove", (event) => {
-    const x = stepAt(event);
+  const describe = (x) => {
     const lines = [];
     let shown = null;
     for (const s of series) {
@@ -219,22 +251,45 @@ function linePlot(spec) {
       if (shown == null) shown = s.xs[i];
       lines.push(`${s.label}: ${fmt(s.ys[i])}` + (s.xs[i] !== shown ? ` (step ${s.xs[i]})` : ""));
     }
-    cursor.setAttribute("x1", sx(shown));
-    cursor.setAttribute("x2", sx(shown));
-    cursor.setAttribute("visibility", "visible");
-    showTooltip([`step ${shown}`, ...lines].join("\n"), event);
-  });
-  hover.addEventListener("mouseleave", () => {
-    cursor.setAttribute("visibility", "hidden");
-    hideTooltip();
-  });
-  if (spec.onClick) {
-    hover.style.cursor = "pointer";
-    hover.addEventListener("click", (event) => {
-      const s = series[0];
-      spec.onClick(s.xs[nearest(s.xs, stepAt(event))]);
-    });
+    return { step: shown, lines };
+  };
+  addHover(plot, x0, x1, sx, describe, spec.onClick);
+  box.append(plot);
+  return box;
+}
+
+// Shares stacked from 0 to 1: one band per label, the first at the bottom.
+// spec: {id, title, xs, bands: [{label, ys, color}], onClick(step)}; ys has no nulls.
+function stackPlot(spec) {
+  const box = plotBox(spec.id, spec.title, spec.bands);
+  if (!spec.xs.length) {
+    box.append(el("div", { class: "empty", text: "no data yet" }));
+    return box;
   }
+  let [x0, x1] = [spec.xs[0], spec.xs[spec.xs.length - 1]];
+  if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
+  const { plot, sx, sy } = plotAxes(spec.id, x0, x1, 0, 1);
+  let below = spec.xs.map(() => 0);
+  for (const band of spec.bands) {
+    const above = below.map((b, i) => b + band.ys[i]);
+    const upper = spec.xs.map((x, i) => `${sx(x).toFixed(1)},${sy(above[i]).toFixed(1)}`);
+    const lower = spec.xs.map((x, i) => `${sx(x).toFixed(1)},${sy(below[i]).toFixed(1)}`).reverse();
+    plot.append(
+      svg("path", {
+        class: "area",
+        d: `M${upper.join("L")}L${lower.join("L")}Z`,
+        fill: band.color,
+        "data-label": band.label,
+        "data-points": spec.xs.length,
+      }),
+    );
+    below = above;
+  }
+  const describe = (x) => {
+    const i = nearest(spec.xs, x);
+    return { step: spec.xs[i], lines: spec.bands.map((b) => `${b.label}: ${fmt(b.ys[i])}`).reverse() };
+  };
+  addHover(plot, x0, x1, sx, describe, spec.onClick);
   box.append(plot);
   return box;
 }
@@ -275,6 +330,7 @@ function renderOverview() {
     });
   });
   document.getElementById("plots").replaceChildren(...plots);
+  renderTurns(overview);
   renderExtraChoices(overview);
   renderConfig(overview);
   renderStatus(overview);
@@ -287,6 +343,7 @@ function renderExtraChoices(overview) {
   for (const kind of ["train", "eval"]) {
     for (const key of Object.keys(overview.metrics[kind] || {})) {
       if (key === "step" || key === "time" || shown.has(`${kind}:${key}`)) continue;
+      if (kind === "train" && isTurnPanelKey(key)) continue;
       options.push(el("option", { value: `${kind}:${key}`, text: `${key} (${kind})` }));
     }
   }
@@ -357,6 +414,120 @@ async function poll() {
   } else if (state.overviews[state.run]) {
     renderStatus(state.overviews[state.run]);
   }
+}
+
+// ---------------------------------------------------------------- turns (multi-turn runs)
+// The multi-turn diagnostics of the train records, as in the run's reward.png: per turn
+// position k (turn{k}_*: the k-th model call of an episode), the collapse signals and
+// the first words of the replies (action_share_<word>). Hidden for a run without them.
+
+const TURN_KEY = /^turn(\d+)_(.+)$/;
+const TURN_METRICS = ["return_mean", "advantage_abs_mean", "entropy", "loss_share"];
+const COLLAPSE_KEYS = ["degenerate_group_share", "action_top_share"];
+const ACTION_PREFIX = "action_share_";
+const MAX_ACTION_WORDS = 8; // rarer first words join "other", as in reward.png
+const WORD_COLORS = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896"];
+const OTHER_COLOR = "#d3d3d3";
+
+function turnColor(k) {
+  return COLORS[(k - 1) % COLORS.length];
+}
+
+function turnPositions(columns) {
+  const found = new Set();
+  for (const key of Object.keys(columns)) {
+    const match = TURN_KEY.exec(key);
+    if (match) found.add(Number(match[1]));
+  }
+  return [...found].sort((a, b) => a - b);
+}
+
+// The keys the turns panel draws (left out of "Add a plot").
+function isTurnPanelKey(key) {
+  const match = TURN_KEY.exec(key);
+  return (match && TURN_METRICS.includes(match[2])) || key.startsWith(ACTION_PREFIX) || COLLAPSE_KEYS.includes(key);
+}
+
+// The steps that logged any of `keys`, and per key its values there (null: 0).
+function stacked(columns, keys) {
+  const steps = columns.step || [];
+  const rows = steps.map((_, i) => i).filter((i) => keys.some((k) => columns[k] && columns[k][i] != null));
+  return {
+    xs: rows.map((i) => steps[i]),
+    values: keys.map((k) => rows.map((i) => (columns[k] ? columns[k][i] || 0 : 0))),
+  };
+}
+
+// One band per first word, by summed share (largest at the bottom, ties by name); words
+// beyond MAX_ACTION_WORDS are added to "other", the top band.
+function actionBands(columns) {
+  const words = Object.keys(columns)
+    .filter((k) => k.startsWith(ACTION_PREFIX) && k !== `${ACTION_PREFIX}other`)
+    .map((k) => k.slice(ACTION_PREFIX.length))
+    .sort();
+  const { xs, values } = stacked(columns, [...words, "other"].map((w) => ACTION_PREFIX + w));
+  const sum = (ys) => ys.reduce((a, b) => a + b, 0);
+  const ranked = words.map((word, i) => ({ word, ys: values[i] })).sort((a, b) => sum(b.ys) - sum(a.ys));
+  const other = values[words.length].slice();
+  for (const { ys } of ranked.slice(MAX_ACTION_WORDS)) ys.forEach((y, i) => (other[i] += y));
+  const bands = ranked
+    .slice(0, MAX_ACTION_WORDS)
+    .map(({ word, ys }, i) => ({ label: word, ys, color: WORD_COLORS[i % WORD_COLORS.length] }));
+  return { xs, bands: [...bands, { label: "other", ys: other, color: OTHER_COLOR }] };
+}
+
+function renderTurns(overview) {
+  const columns = overview.metrics.train || {};
+  const turns = turnPositions(columns);
+  const box = document.getElementById("turns");
+  box.hidden = !turns.length;
+  if (!turns.length) {
+    document.getElementById("turn-plots").replaceChildren();
+    return;
+  }
+  const onClick = (step) => openStep(state.run, step);
+  const perTurn = (metric) =>
+    turns.map((k) => ({
+      label: `turn ${k}`,
+      xs: columns.step,
+      ys: columns[`turn${k}_${metric}`] || [],
+      color: turnColor(k),
+    }));
+  const line = (key, color, label = key) => ({ label, xs: columns.step, ys: columns[key] || [], color });
+  const loss = stacked(columns, turns.map((k) => `turn${k}_loss_share`));
+  const actions = actionBands(columns);
+  document.getElementById("turn-plots").replaceChildren(
+    linePlot({
+      id: "turn-advantage",
+      title: "Advantage |mean| per turn",
+      series: perTurn("advantage_abs_mean"),
+      onClick,
+    }),
+    linePlot({ id: "turn-return", title: "Return (mean) per turn", series: perTurn("return_mean"), onClick }),
+    linePlot({
+      id: "turn-entropy",
+      title: "Token entropy (nats): all turns and per turn",
+      series: [line("entropy", "#1d2330", "all turns"), ...perTurn("entropy")],
+      onClick,
+    }),
+    linePlot({
+      id: "turn-collapse",
+      title: "Signs of collapse (shares)",
+      series: [
+        line("degenerate_group_share", "#1d2330", "groups with equal returns"),
+        line("action_top_share", "#9ca3af", "most common first word"),
+      ],
+      onClick,
+    }),
+    stackPlot({ id: "turn-actions", title: "First word of the replies (shares)", ...actions, onClick }),
+    stackPlot({
+      id: "turn-loss",
+      title: "Share of the loss per turn",
+      xs: loss.xs,
+      bands: turns.map((k, i) => ({ label: `turn ${k}`, ys: loss.values[i], color: turnColor(k) })),
+      onClick,
+    }),
+  );
 }
 
 // ---------------------------------------------------------------- a step's rollouts
