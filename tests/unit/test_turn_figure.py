@@ -95,7 +95,7 @@ def test_a_multi_turn_run_gets_six_panels_more_and_the_first_two_unchanged():
     fig = figure(records)
     assert len(fig.axes) == 8
     assert line(fig.axes[0], "train reward (mean)") == ([1, 2, 3], [0.1, 0.2, 0.1 * 3])
-    for title in ("mean return", "mean |advantage|", "token entropy", "signs of collapse"):
+    for title in ("mean reward", "mean |advantage|", "token entropy", "signs of collapse"):
         panel(fig, title)
     assert [c.get_label() for c in panel(fig, "share of the loss").collections] == [
         "turn 1",
@@ -107,7 +107,7 @@ def test_a_multi_turn_run_gets_six_panels_more_and_the_first_two_unchanged():
 @pytest.mark.parametrize(
     ("title", "name"),
     [
-        ("mean return", "return_mean"),
+        ("mean reward", "return_mean"),
         ("mean |advantage|", "advantage_abs_mean"),
         ("token entropy", "entropy"),
     ],
@@ -141,15 +141,15 @@ def test_a_turn_position_has_one_color_in_every_panel():
     for k in (1, 2, 3):
         colors = {
             _line_color(panel(fig, title), f"turn {k}")
-            for title in ("mean return", "mean |advantage|", "token entropy")
+            for title in ("mean reward", "mean |advantage|", "token entropy")
         }
         (loss,) = [
             c for c in panel(fig, "share of the loss").collections if c.get_label() == f"turn {k}"
         ]
         colors.add(matplotlib.colors.to_hex(loss.get_facecolor()[0]))
         assert len(colors) == 1, (k, colors)
-    assert _line_color(panel(fig, "mean return"), "turn 1") != _line_color(
-        panel(fig, "mean return"), "turn 2"
+    assert _line_color(panel(fig, "mean reward"), "turn 1") != _line_color(
+        panel(fig, "mean reward"), "turn 2"
     )
 
 
