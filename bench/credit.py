@@ -8,7 +8,7 @@ The env is looprl's (`gymnasium:FrozenLake-v1`, 3x3 random maps, not slippery, u
 moves; training maps are seeds 0.., held-out maps the 50 seeds training never plays, as
 `task.name=env` draws them). The policy is a linear softmax over the four moves on what
 the observation text says (the tile each move leads to: ice, hole, edge or goal; whether
-it heads toward the goal; a bias per move): 13 weights, which can read the tiles, as the
+it heads toward the goal; a bias per move): 9 weights, which can read the tiles, as the
 language model must. Each step: 4 maps x 8 episodes (a group per map), the calls'
 returns-to-go (the env workflow's `env.discount`), the step rewards and the episode
 returns go through `looprl.training.advantages.credit_advantages` with GRPO, exactly as

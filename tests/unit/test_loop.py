@@ -50,3 +50,31 @@ async def test_close_workflow_calls_a_sync_or_async_close_once_and_skips_none():
     for workflow in (SyncClose(), AsyncClose(), NoClose(), object()):
         await close_workflow(workflow)
     assert calls == ["sync", "async"]
+
+
+def test_the_loss_line_names_a_credit_and_bonus_that_are_not_the_defaults():
+    line = describe_loss(
+        load_config(
+            None,
+            ["train.credit=gae", "train.gamma=0.9", "train.entropy_coef=0.01",
+             "train.entropy_floor=0.3"],
+        )
+    )  # fmt: skip
+    assert line.startswith(
+        "Loss: grpo advantages (turns credited by gae: gamma 0.9, lambda 0.95), entropy "
+        "bonus 0.01 when the batch entropy is below 0.3, ppo objective"
+    )
+
+
+def test_actions_are_counted_only_where_a_rollout_made_several_calls():
+    from looprl.loop import multi_turn_actions
+    from looprl.rollout.outcome import RolloutOutcome, RolloutResult
+
+    def outcome(*replies):
+        return RolloutOutcome("g", "completed", calls=[{"reply": r} for r in replies])
+
+    single = RolloutResult([outcome("7"), outcome("12")], elapsed_s=1.0)
+    assert multi_turn_actions(single) == {}
+    multi = RolloutResult([outcome("right", "Down."), outcome("right")], elapsed_s=1.0)
+    stats = multi_turn_actions(multi)
+    assert stats["action_share_right"] == 2 / 3 and stats["action_share_down"] == 1 / 3
