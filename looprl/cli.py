@@ -125,7 +125,9 @@ def sft(
     args = [a for a in (config, *(overrides or [])) if a is not None]
     # A .jsonl argument is the data, not the YAML config.
     args = [f"sft.data_path={a}" if a.endswith(".jsonl") and "=" not in a else a for a in args]
-    cfg = _config(args[0] if args else None, args[1:])
+    # The YAML config may come after the chats (`looprl sft chats.jsonl config.yaml`).
+    config_file = next((a for a in args if "=" not in a), None)
+    cfg = _config(config_file, [a for a in args if a is not config_file])
     if dry_run:
         print(cfg.to_yaml())
         return

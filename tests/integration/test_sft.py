@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from looprl.models import load_model, load_tokenizer
 from looprl.training.sft_data import ChatError, chat_trajectory, load_chats
@@ -146,3 +147,22 @@ def test_sft_refuses_what_it_does_not_do(tmp_path):
     )
     assert done.returncode == 2
     assert "train.kl_coef=0.1 is RL's" in done.stderr
+
+
+@pytest.mark.parametrize("order", ["chats first", "config first"])
+def test_the_chats_and_the_config_may_come_in_either_order(tmp_path, order):
+    (tmp_path / "warm.yaml").write_text("run:\n  experiment_name: warm\n")
+    files = ["chats.jsonl", "warm.yaml"] if order == "chats first" else ["warm.yaml", "chats.jsonl"]
+    done = subprocess.run(
+        [sys.executable, "-m", "looprl.cli", "sft", *files, "train.lr=1e-4", "--dry-run"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert resolved["sft"]["data_path"] == "chats.jsonl"
+    assert resolved["run"]["experiment_name"] == "warm"
+    assert resolved["train"]["lr"] == 1e-4
