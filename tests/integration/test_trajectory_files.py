@@ -61,8 +61,8 @@ async def test_a_training_run_writes_what_each_step_trained(tiny_run, monkeypatc
     batches = []  # what the loop trained on, step by step
     build_batch = loop.build_batch
 
-    def spy(trajectories, *args):
-        batch, stats = build_batch(trajectories, *args)
+    def spy(trajectories, *args, **kwargs):
+        batch, stats = build_batch(trajectories, *args, **kwargs)
         batches.append(batch)
         return batch, stats
 
