@@ -63,13 +63,18 @@ def _finish(
     advantages: torch.Tensor, rewards: torch.Tensor, inverse: torch.Tensor, degenerate: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, float]]:
     advantages = torch.where(degenerate[inverse], 0.0, advantages)
-    stats = {
+    return advantages, _stats(advantages, rewards, degenerate)
+
+
+def _stats(
+    advantages: torch.Tensor, rewards: torch.Tensor, degenerate: torch.Tensor
+) -> dict[str, float]:
+    return {
         "num_groups": float(degenerate.numel()),
         "degenerate_groups": float(degenerate.sum()),
         "reward_mean": float(rewards.mean()),
         "advantage_abs_mean": float(advantages.abs().mean()),
     }
-    return advantages, stats
 
 
 def grpo(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -191,9 +196,8 @@ def credit_advantages(
     if credit == "per_turn":
         key = group_index * (int(episodes.turn.max()) + 1) + episodes.turn
         return compute_advantages(algorithm, rewards, key)
-    _, first = _first_of_each(episodes.episode_index)
+    inverse, first = _first_of_each(episodes.episode_index)
     if credit == "episode":
-        _, inverse = torch.unique(episodes.episode_index, return_inverse=True)
         advantages, stats = compute_advantages(
             algorithm, episodes.episode_return[first], group_index[first]
         )
@@ -210,24 +214,17 @@ def credit_advantages(
         if algorithm in ("grpo", "reinforce_pp"):
             advantages = advantages / (advantages.std(correction=0) + EPS)
         _, _, _, degenerate = _groups(episodes.episode_return[first], group_index[first])
-        stats = {
-            "num_groups": float(degenerate.numel()),
-            "degenerate_groups": float(degenerate.sum()),
-            "reward_mean": float(rewards.mean()),
-            "advantage_abs_mean": float(advantages.abs().mean()),
-        }
-        return advantages, stats
+        return advantages, _stats(advantages, rewards, degenerate)
     raise ValueError(f"train.credit={credit!r} is not one of {list(Credit.__args__)}")
 
 
 def _first_of_each(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct values of `index` (E,) sorted, and the position (E,) of each one's
-    first occurrence."""
+    """For `index` (N,): each entry's dense id (N,) among its E distinct values, sorted,
+    and the position (E,) of each value's first occurrence."""
     values, inverse = torch.unique(index, return_inverse=True)
-    positions = torch.arange(len(index))
     first = torch.full((len(values),), len(index), dtype=torch.int64)
-    first.scatter_reduce_(0, inverse, positions, "amin")
-    return values, first
+    first.scatter_reduce_(0, inverse, torch.arange(len(index)), "amin")
+    return inverse, first
 
 
 def gae(
