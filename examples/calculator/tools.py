@@ -1,4 +1,4 @@
-"""The calculator's two tools and its reward, shared by the three agent versions.
+"""The calculator's two tools and its reward, shared by every version of the agent.
 
 Plain Python, no looprl imports: this is the user's code.
 """

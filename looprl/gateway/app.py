@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API agents talk to.
+"""The HTTP API agents talk to: OpenAI's chat completions, completions and Responses
+API, and Anthropic's Messages API.
 
 Owns: the routes and what each does in order (auth, limits, sampling parameters,
 generating, decoding and stop strings, tool-call parsing, answering as JSON or as
@@ -11,12 +12,16 @@ and close (the caller, through the SessionStore).
 Routes, each also at plain `/v1/...` without auth or recording when `sessionless`:
     POST /sessions/{id}/v1/chat/completions
     POST /sessions/{id}/v1/completions
+    POST /sessions/{id}/v1/responses              (openai_responses.py)
+    POST /sessions/{id}/v1/messages               (anthropic_messages.py)
+    POST /sessions/{id}/v1/messages/count_tokens
     GET  /sessions/{id}/v1/models
     POST /sessions/{id}/reward
          {"reward": 1.0} | {"rewards": {cid: 1.0}} | {"completion_id": cid, "reward": 1.0}
     GET  /health
-Session routes need `Authorization: Bearer <the session's api_key>`, the reward route
-the session's other key, `reward_key` (sessions.py says why two): the same 401 for a
+Session routes need `Authorization: Bearer <the session's api_key>` (or `x-api-key`, as
+Anthropic's clients send it), the reward route the session's other key, `reward_key`,
+as Bearer (sessions.py says why two): the same 401 for a
 missing or wrong key and for a session that is not open (so a caller cannot probe which
 sessions exist); keys are compared in constant time.
 
@@ -24,6 +29,10 @@ What one request may ask is bounded (gateway.limits, limits.py): body size (413)
 nesting, messages, stop strings, and n x max_tokens. `top_k` at or beyond the
 vocabulary means no truncation; a temperature below 1e-5 samples greedily (as vLLM).
 A request's own fault is a 4xx naming the field; only the engine's get a 503.
+
+The Responses and Messages routes (agent_apis.py) answer as chat requests through
+`Gateway.plan`: a conversation is the same tokens over any of the three APIs, recorded
+under the API's own ids (`resp_...`, `msg_...`); errors come in the API's own shape.
 
 Where it departs from OpenAI:
 - `model` may be any name: agents hardcode model names and there is one policy to
@@ -59,15 +68,18 @@ from transformers import PreTrainedTokenizerBase
 
 from looprl.config import LimitsConfig, SamplingConfig
 from looprl.engines.base import Engine, EngineError
+from looprl.gateway import agent_apis, prompts
 from looprl.gateway import limits as limits_lib
-from looprl.gateway import prompts
 from looprl.gateway import tools as tools_lib
+from looprl.gateway.anthropic_messages import CountTokensRequest, MessagesRequest
 from looprl.gateway.errors import APIError, engine_failed, install_error_handlers
+from looprl.gateway.openai_responses import ResponsesRequest
 from looprl.gateway.responses import (
     SSE_DONE,
     Call,
     ChoiceFn,
     ChunksFn,
+    Plan,
     chat_choice,
     chat_chunks,
     chat_logprobs,
@@ -76,14 +88,17 @@ from looprl.gateway.responses import (
     sse,
 )
 from looprl.gateway.schemas import (
+    AnthropicMessage,
     ChatCompletion,
     ChatRequest,
     Completion,
     CompletionRequest,
     ModelList,
+    ResponseObject,
     RewardRequest,
     RewardResponse,
     SamplingRequest,
+    TokenCount,
     documented,
 )
 from looprl.gateway.sessions import Session, SessionStore, sampling_fields
@@ -121,7 +136,7 @@ def create_app(
     """
     defaults = (default_sampling or SamplingConfig()).model_dump()
     limits = limits or LimitsConfig()
-    gateway = _Gateway(engine, tokenizer, model_name, defaults, max_model_len, limits)
+    gateway = Gateway(engine, tokenizer, model_name, defaults, max_model_len, limits)
     app = FastAPI(title="looprl gateway")
     app.state.store = store
     app.add_middleware(
@@ -131,39 +146,44 @@ def create_app(
     )
     install_error_handlers(app)
 
-    def authorized(session_id: str, authorization: str | None, key_name: str) -> Session:
-        """The open session whose `key_name` key the Bearer header holds; else the 401."""
+    def authorized(session_id: str, key: str | None, key_name: str) -> Session:
+        """The open session whose `key_name` key was sent; else the 401."""
         session = store.get(session_id)
-        scheme, _, key = (authorization or "").partition(" ")
         # Compared even for an unknown session, so timing does not tell which exist.
         expected = getattr(session, key_name) if session is not None else _NO_SESSION_KEY
-        matches = secrets.compare_digest(key.strip().encode(), expected.encode())
-        if session is None or scheme.lower() != "bearer" or not matches:
+        matches = secrets.compare_digest((key or "").encode(), expected.encode())
+        if session is None or not matches:
             raise APIError(
                 401,
                 "this session is not open (never opened, or closed when its rollout "
                 f"ended) or the key is wrong: send `Authorization: Bearer <{key_name}>` "
-                f"with the {key_name} the session was opened with",
+                f"(or `x-api-key: <{key_name}>`) with the {key_name} the session was "
+                "opened with",
                 type="authentication_error",
             )
         return session
 
-    def session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
-        return authorized(session_id, authorization, "api_key")
+    def session_for(
+        session_id: str,
+        authorization: str | None = Header(None),
+        x_api_key: str | None = Header(None),
+    ) -> Session:
+        return authorized(session_id, _sent_key(authorization, x_api_key), "api_key")
 
     def reward_session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
-        return authorized(session_id, authorization, "reward_key")
+        return authorized(session_id, _sent_key(authorization, None), "reward_key")
 
-    def sessionless_auth(authorization: str | None = Header(None)) -> None:
+    def sessionless_auth(
+        authorization: str | None = Header(None), x_api_key: str | None = Header(None)
+    ) -> None:
         if sessionless_api_key is None:
             return None
-        scheme, _, key = (authorization or "").partition(" ")
-        matches = secrets.compare_digest(key.strip().encode(), sessionless_api_key.encode())
-        if scheme.lower() != "bearer" or not matches:
+        key = _sent_key(authorization, x_api_key) or ""
+        if not secrets.compare_digest(key.encode(), sessionless_api_key.encode()):
             raise APIError(
                 401,
-                "wrong or missing API key: send `Authorization: Bearer <key>` with the key "
-                "the server was started with (--api-key)",
+                "wrong or missing API key: send `Authorization: Bearer <key>` (or "
+                "`x-api-key: <key>`) with the key the server was started with (--api-key)",
                 type="authentication_error",
             )
         return None
@@ -200,7 +220,16 @@ def create_app(
 _NO_SESSION_KEY = secrets.token_urlsafe(32)  # what a key for an unknown session is compared to
 
 
-class _Gateway:
+def _sent_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key sent as `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's
+    clients given an API key), None when neither."""
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer":
+        return key.strip()
+    return x_api_key
+
+
+class Gateway:
     """Request handling shared by the session routes and the sessionless ones."""
 
     def __init__(
@@ -221,6 +250,9 @@ class _Gateway:
         self.vocab_size = len(tokenizer)
         self.native_tools = tools_lib.template_renders_tools(tokenizer.chat_template)
         self.tool_call_errors = 0  # outputs that looked like a tool call but did not parse
+        # The last conversations answered over /v1/responses without a session (`looprl
+        # serve`), for previous_response_id; a session keeps its own.
+        self.stored_responses: dict[str, list[dict]] = {}
 
     def router(self, get_session: Callable[..., Session | None]) -> APIRouter:
         router = APIRouter()
@@ -242,6 +274,27 @@ class _Gateway:
         ):
             return await self.complete(request, req, session)
 
+        @router.post(
+            "/responses", responses=documented(ResponseObject, 400, 401, 404, 413, 503, stream=True)
+        )
+        async def responses(
+            request: Request, req: ResponsesRequest, session: Session | None = session_dep
+        ):
+            return await agent_apis.responses(self, request, req, session)
+
+        @router.post(
+            "/messages",
+            responses=documented(AnthropicMessage, 400, 401, 404, 413, 503, stream=True),
+        )
+        async def messages(
+            request: Request, req: MessagesRequest, session: Session | None = session_dep
+        ):
+            return await agent_apis.messages(self, request, req, session)
+
+        @router.post("/messages/count_tokens", responses=documented(TokenCount, 400, 401, 413))
+        async def count_tokens(req: CountTokensRequest, session: Session | None = session_dep):
+            return agent_apis.count_tokens(self, req, session)
+
         @router.get("/models", responses=documented(ModelList, 401))
         async def models(_: Session | None = session_dep) -> dict:
             card = {
@@ -258,6 +311,27 @@ class _Gateway:
     # ---- chat ----------------------------------------------------------------------
 
     async def chat(self, request: Request, req: ChatRequest, session: Session | None):
+        plan = self.plan(req, session, f"chatcmpl-{uuid.uuid4().hex}")
+        call = plan.call
+        call.object, call.chunk_object = "chat.completion", "chat.completion.chunk"
+
+        def logprobs(gen: Generation) -> dict | None:
+            return {"content": chat_logprobs(self.tokenizer, gen)} if req.logprobs else None
+
+        def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
+            msg, finish = plan.message(index, text, finish)
+            return chat_choice(index, gen, msg, finish, logprobs(gen))
+
+        def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
+            delta, finish = plan.message(index, text, finish)
+            return chat_chunks(index, gen, delta, finish, logprobs(gen))
+
+        return await self._respond(request, call, req, plan.sampling, session, choice, chunks)
+
+    def plan(self, req: ChatRequest, session: Session | None, call_id: str) -> Plan:
+        """What answering `req` takes: its prompt, sampling and how a choice's text
+        becomes an assistant message. Every API's request goes through here as a chat
+        request, so a conversation gives the same tokens whichever API carries it."""
         limits_lib.check_messages(req.messages, self.limits)
         tools, tool_choice = req.active_tools()
         prefix = tools_lib.forced_prefix(tool_choice)
@@ -267,18 +341,14 @@ class _Gateway:
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0
         sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
-        call = Call(
-            f"chatcmpl-{uuid.uuid4().hex}",
-            "chat.completion",
-            "chat.completion.chunk",
-            prompt_ids,
-            messages=[m.model_dump(exclude_none=True) for m in req.messages],
-        )
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        call = Call(call_id, "", "", prompt_ids, messages=messages)
         tool_names = {t["function"]["name"] for t in tools}
         parallel = req.parallel_tool_calls is not False
 
-        def message(text: str, finish: str) -> tuple[dict, str]:
-            """The assistant message of one choice, its calls parsed out when tools are on."""
+        def message(index: int, text: str, finish: str) -> tuple[dict, str]:
+            """Choice `index`'s assistant message, its calls parsed out when tools are on
+            (and kept on the call for the recording)."""
             if not tools:
                 return {"role": "assistant", "content": text}, finish
             parsed = tools_lib.parse_tool_calls(
@@ -286,6 +356,7 @@ class _Gateway:
             )
             if parsed.error:
                 self._count_tool_call_error(parsed.error, session)
+            call.tool_calls[index] = parsed.tool_calls
             if not parsed.tool_calls:
                 return {"role": "assistant", "content": parsed.content}, finish
             if session is not None:
@@ -294,24 +365,7 @@ class _Gateway:
             content = {"role": "assistant", "content": parsed.content}
             return {**content, "tool_calls": parsed.tool_calls}, "tool_calls"
 
-        def logprobs(gen: Generation) -> dict | None:
-            if not req.logprobs:
-                return None
-            return {"content": chat_logprobs(self.tokenizer, gen)}
-
-        def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
-            lps = logprobs(gen)
-            msg, finish = message(text, finish)
-            call.tool_calls[index] = msg.get("tool_calls", [])
-            return chat_choice(index, gen, msg, finish, lps)
-
-        def chunks(index: int, gen: Generation, text: str, finish: str) -> list[dict]:
-            lps = logprobs(gen)
-            delta, finish = message(text, finish)
-            call.tool_calls[index] = delta.get("tool_calls", [])
-            return chat_chunks(index, gen, delta, finish, lps)
-
-        return await self._respond(request, call, req, sampling, session, choice, chunks)
+        return Plan(call, sampling, message)
 
     def _count_tool_call_error(self, error: str, session: Session | None) -> None:
         """Unparseable calls are answered as plain content, counted, and logged once."""
@@ -422,17 +476,17 @@ class _Gateway:
             events = self._events(call, sampling, session, chunks, include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            gens = await self._generate(request, call, sampling, session)
+            gens = await self.generate(request, call, sampling, session)
         except EngineError as e:
             raise engine_failed(e) from None
         if gens is None:
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-        finished = [self._finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
+        finished = [self.finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
         choices = [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)]
-        self._record(session, call, gens, finished)  # after the choices: their tool calls
+        self.record(session, call, gens, finished)  # after the choices: their tool calls
         return JSONResponse(call.body(self.model_name, choices, gens))
 
-    async def _generate(
+    async def generate(
         self,
         request: Request,
         call: Call,
@@ -495,11 +549,11 @@ class _Gateway:
         try:
             for next_done in asyncio.as_completed(tasks):
                 i, gens[i] = await next_done
-                finished[i] = self._finish(gens[i], sampling[i])
+                finished[i] = self.finish(gens[i], sampling[i])
                 for piece in chunks(i, gens[i], *finished[i]):
                     yield sse({**header, **first, "choices": [piece]})
                     first = {}
-            self._record(session, call, gens, finished)
+            self.record(session, call, gens, finished)
             if include_usage:
                 yield sse({**header, "choices": [], "usage": call.usage(gens)})
             yield SSE_DONE
@@ -511,7 +565,7 @@ class _Gateway:
                     task.exception()  # retrieved: one engine error was reported for all
                 task.cancel()
 
-    def _finish(self, gen: Generation, sampling: SamplingParams) -> tuple[str, str]:
+    def finish(self, gen: Generation, sampling: SamplingParams) -> tuple[str, str]:
         """The text a client sees (special tokens dropped, cut at a stop string) and why
         the choice ended."""
         text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
@@ -520,7 +574,7 @@ class _Gateway:
             return text[: min(cuts)], "stop"
         return text, gen.finish_reason
 
-    def _record(
+    def record(
         self,
         session: Session | None,
         call: Call,

@@ -1,13 +1,17 @@
-"""OpenAI-style errors: `APIError` is answered as {"error": {"message", "type", "param",
-"code"}}; a request that fails validation gets a 400 naming the field (`messages[0]
-.content[1]`) and what it got; an engine's refusal of the request itself
-(EngineRequestError) a 400, its other errors 503s, and anything unexpected a logged 500
-that says where to look."""
+"""Errors in the shape of the API a route serves: `APIError` is answered as OpenAI does,
+{"error": {"message", "type", "param", "code"}}, or on the Anthropic Messages routes
+(`anthropic_route`) as Anthropic does, {"type": "error", "error": {"type", "message"}}
+with the field named at the start of the message. A request that fails validation gets
+a 400 naming the field (`messages[0].content[1]`) and what it got; an engine's refusal
+of the request itself (EngineRequestError) a 400, its other errors 503s, and anything
+unexpected a logged 500 that says where to look."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from looprl.engines.base import EngineError, EngineRequestError
-from looprl.gateway.schemas import ROLES
+from looprl.gateway.schemas import ITEM_TYPE_ERROR, ROLES
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +38,36 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type
 
-    def body(self) -> dict[str, Any]:
+    def body(self, anthropic: bool = False) -> dict[str, Any]:
+        """The JSON answer: OpenAI's shape, or Anthropic's when `anthropic`."""
+        if anthropic:
+            kind = "request_too_large" if self.status == 413 else self.type
+            kind = _ANTHROPIC_TYPES.get(kind, kind)
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {"message": self.message, "type": self.type, "param": self.param, "code": None}
         }
+
+    def response(self, path: str) -> JSONResponse:
+        """The answer to a request for `path`, in the shape of the API it serves."""
+        return JSONResponse(self.body(anthropic_route(path)), status_code=self.status)
+
+
+# Anthropic's names for the error types that differ from OpenAI's.
+_ANTHROPIC_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
+
+
+def anthropic_route(path: str) -> bool:
+    """Whether `path` is an Anthropic Messages API route (its errors take that shape)."""
+    return path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
 
 
 def _param(loc: tuple) -> str:
     """`("body", "messages", 0, "content", "list[TextPart]", 1)` -> `messages[0].content[1]`.
 
     Pydantic names the union member it tried inside `loc` (`str`, `list[TextPart]`,
-    `constrained-str`, a message's role); those are dropped.
+    `constrained-str`, a message's role, a `tagged` union's tag such as `item:message`);
+    those are dropped.
     """
     out, after_index = "", False
     for part in loc[1:]:
@@ -58,8 +81,10 @@ def _param(loc: tuple) -> str:
     return out
 
 
-def _validation_error(exc: RequestValidationError) -> APIError:
-    err = max(exc.errors(), key=lambda e: len(e["loc"]))  # the deepest is the most specific
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """The 400 for a body that failed validation: pydantic's `errors()`, each `loc`
+    starting with where the value came from ("body")."""
+    err = max(errors, key=lambda e: len(e["loc"]))  # the deepest is the most specific
     if err["type"] == "json_invalid":
         detail = err.get("ctx", {}).get("error", "")
         return APIError(
@@ -68,29 +93,35 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     param = _param(tuple(err["loc"]))
     if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a message's role
         param += "." + err["ctx"]["discriminator"].strip("'")
+    elif err["type"] == ITEM_TYPE_ERROR:  # an input item's or content block's type
+        param += ".type"
     got = "" if err["type"] == "missing" else f" (got {json.dumps(err['input'], default=str)})"
     if len(got) > 200:
         got = got[:196] + "...)"
     if not param and err["type"] == "value_error":  # a check across fields of the request
-        return APIError(400, err["msg"].removeprefix("Value error, "))
+        message = err["msg"].removeprefix("Value error, ")
+        named = _FIELD_PATH.match(message)  # its message starts with the field it names
+        return APIError(400, message, named.group(1) if named else None)
     if not param:
         return APIError(
             400,
             "the request body must be a JSON object sent with Content-Type: "
             f"application/json{got or ' (it is empty)'}",
         )
-    return APIError(400, f"{param}: {err['msg']}{got}", param)
+    return APIError(400, f"{param}: {err['msg'].removeprefix('Value error, ')}{got}", param)
+
+
+_FIELD_PATH = re.compile(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        error = _validation_error(exc)
-        return JSONResponse(error.body(), status_code=error.status)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc.errors()).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -101,16 +132,14 @@ def install_error_handlers(app: FastAPI) -> None:
             exc_info=exc,
         )
         message = f"internal error ({type(exc).__name__}); the gateway's log has the traceback"
-        return JSONResponse(APIError(500, message, type="server_error").body(), status_code=500)
+        return APIError(500, message, type="server_error").response(request.url.path)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            APIError(exc.status_code, str(exc.detail), type=kind).body(),
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
+        answer = APIError(exc.status_code, str(exc.detail), type=kind).response(request.url.path)
+        answer.headers.update(exc.headers or {})
+        return answer
 
 
 def engine_failed(error: EngineError) -> APIError:

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from looprl.config import LimitsConfig
-from looprl.gateway.errors import APIError
+from looprl.gateway.errors import APIError, anthropic_route
 from looprl.gateway.schemas import AssistantMessage, ChatMessage
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -43,10 +43,16 @@ def nesting_depth(raw: bytes | str) -> int:
 
 def loads_bounded(text: str, max_depth: int) -> Any:
     """json.loads that refuses (ValueError) to nest deeper than `max_depth` instead of
-    recursing until RecursionError; invalid JSON raises json.JSONDecodeError as usual."""
+    recursing until RecursionError, and NaN and Infinity, which are not JSON (Python's
+    parser takes them, and no answer holding one can be written); invalid JSON raises
+    json.JSONDecodeError as usual."""
     if text.count("[") + text.count("{") > max_depth and nesting_depth(text) > max_depth:
         raise ValueError(f"the JSON nests deeper than {max_depth} levels")
-    return json.loads(text)
+    return json.loads(text, parse_constant=_not_json)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 class RequestLimits:
@@ -64,7 +70,7 @@ class RequestLimits:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, self._too_large(f"{int(declared)} bytes"))
+            await self._refuse(scope, send, self._too_large(f"{int(declared)} bytes"))
             return
         chunks, size = [], 0
         while True:
@@ -74,7 +80,8 @@ class RequestLimits:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send, self._too_large(f"more than {self.max_bytes} bytes"))
+                error = self._too_large(f"more than {self.max_bytes} bytes")
+                await self._refuse(scope, send, error)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -86,7 +93,7 @@ class RequestLimits:
                 f"the request body nests JSON deeper than {self.max_depth} levels "
                 "(gateway.limits.max_json_depth)",
             )
-            await self._refuse(send, error)
+            await self._refuse(scope, send, error)
             return
 
         replayed = False
@@ -108,8 +115,8 @@ class RequestLimits:
         )
 
     @staticmethod
-    async def _refuse(send: Send, error: APIError) -> None:
-        body = json.dumps(error.body()).encode()
+    async def _refuse(scope: Scope, send: Send, error: APIError) -> None:
+        body = json.dumps(error.body(anthropic_route(scope["path"]))).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

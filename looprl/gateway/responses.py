@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from looprl.types import Generation
+from looprl.types import Generation, SamplingParams
 
 MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
 SSE_DONE = "data: [DONE]\n\n"  # the last event of every stream that was not cut short
@@ -62,6 +62,17 @@ class Call:
             "usage": self.usage(gens),
             "prompt_token_ids": self.prompt_ids,
         }
+
+
+@dataclass
+class Plan:
+    """A request as the chat path answers it: the call (id, prompt, what is recorded),
+    one SamplingParams per choice, and `message(index, text, finish)` -> (the choice's
+    assistant message, its finish reason)."""
+
+    call: Call
+    sampling: list[SamplingParams]
+    message: Callable[[int, str, str], tuple[dict, str]]
 
 
 # (choice index, its Generation, the text a client sees, finish reason) -> body parts
@@ -173,6 +184,12 @@ def token_strings(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[st
 def sse(data: dict) -> str:
     """One server-sent event carrying `data` as JSON."""
     return f"data: {json.dumps(data)}\n\n"
+
+
+def named_sse(data: dict) -> str:
+    """One server-sent event named by the `type` of the JSON it carries, as the
+    Responses and Anthropic Messages streams send them."""
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
 
 
 def _token_logprob(token: str, logprob: float) -> dict[str, Any]:

@@ -3,9 +3,10 @@ vLLM's `top_k` and looprl's session reward), validated at the edge, each limit n
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import math
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Discriminator, Field, Tag, model_validator
 
 MAX_N = 128  # choices per request: bounds the work one request can queue
 
@@ -24,7 +25,50 @@ def _unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
+
+
+def _finite(value: Any) -> Any:
+    """Python's JSON parser takes Infinity and NaN, which are not JSON: no answer that
+    echoes the value (the Responses API's tools) could carry them back."""
+    stack = [value]
+    while stack:  # as deep as the body (gateway.limits.max_json_depth)
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{item} is not a JSON number: send finite numbers")
+    return value
+
+
+JSONObject = Annotated[dict[str, Any], AfterValidator(_finite)]
 StopString = Annotated[Text, Field(min_length=1)]
+
+
+ITEM_TYPE_ERROR = "item_type"  # a `tagged` union's error: its value's `type` is none of them
+
+
+def tagged(default: str | None, **members: type[BaseModel]) -> Any:
+    """A union of `members` (keyed by their `type` value) told apart by the `type` field,
+    `default` where a value has none. The tags (`item:<type>`) are not identifiers, so an
+    error's path names the field and not the member (errors._param)."""
+
+    def kind(value: Any) -> str:
+        if isinstance(value, dict):
+            return f"item:{value.get('type', default)}"
+        return f"item:{getattr(value, 'type', default)}"
+
+    choices = tuple(Annotated[model, Tag(f"item:{name}")] for name, model in members.items())
+    expected = ", ".join(members)
+    return Annotated[
+        Union[choices],  # noqa: UP007 (a tuple of members has no `|` spelling)
+        Discriminator(
+            kind,
+            custom_error_type=ITEM_TYPE_ERROR,
+            custom_error_message=f"unsupported or missing type; supported: {expected}",
+        ),
+    ]
 
 
 class TextPart(BaseModel):
@@ -160,11 +204,11 @@ class ChatRequest(SamplingRequest):
     def _tool_choice_names_a_tool(self) -> ChatRequest:
         names = [t.function.name for t in self.tools or []]
         if self.tool_choice not in (None, "none") and not names:
-            raise ValueError(f"tool_choice={self._choice()!r} needs tools")
+            raise ValueError(f"tool_choice: {self._choice()!r} needs tools")
         choice = self.tool_choice
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(
-                f"tool_choice names {choice.function.name!r}, which is not among the tools "
+                f"tool_choice: names {choice.function.name!r}, which is not among the tools "
                 f"({', '.join(names)})"
             )
         return self
@@ -322,20 +366,137 @@ class RewardResponse(BaseModel):
     reward: float | dict[str, float] | None
 
 
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[TokenLogprob]
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"]
+    id: str
+    status: Literal["completed"]
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["completed"]
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(BaseModel):
+    """The Responses API's answer (openai_responses.response_body), with vLLM's token ids."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete"]
+    error: None
+    incomplete_details: IncompleteDetails | None
+    model: str
+    output: list[Annotated[OutputMessage | OutputFunctionCall, Field(discriminator="type")]]
+    instructions: str | None
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    metadata: dict[str, str]
+    store: bool
+    text: dict[str, Any]
+    truncation: Literal["disabled"]
+    usage: ResponseUsage
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+class AnthropicTextBlock(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicToolUseBlock(BaseModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+
+
+class AnthropicMessage(BaseModel):
+    """The Messages API's answer (anthropic_messages.message_body)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[
+        Annotated[AnthropicTextBlock | AnthropicToolUseBlock, Field(discriminator="type")]
+    ]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """An error on the Messages routes: the field's path starts the message."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 def documented(model: type[BaseModel] | None, *statuses: int, stream: bool = False) -> dict:
-    """FastAPI `responses=` for a route answering `model` (200) or an ErrorResponse at
-    each of `statuses`; `stream` adds text/event-stream to the 200."""
+    """FastAPI `responses=` for a route answering `model` (200) or an error at each of
+    `statuses` in the shape of `model`'s API (an AnthropicError for the Messages API's
+    answers, as errors.anthropic_route, else an ErrorResponse); `stream` adds
+    text/event-stream to the 200."""
+    error = AnthropicError if model in (AnthropicMessage, TokenCount) else ErrorResponse
     out: dict[int | str, dict[str, Any]] = {
-        status: {"model": ErrorResponse, "description": ERROR_STATUSES[status]}
-        for status in statuses
+        status: {"model": error, "description": ERROR_STATUSES[status]} for status in statuses
     }
     if model is not None:
         out[200] = {"model": model, "description": "OK"}
         if stream:
-            # One event per chunk: `data` holds a JSON chunk, or "[DONE]" at the end.
+            # One event per chunk: `data` holds a JSON chunk, or "[DONE]" at the end; the
+            # Responses and Messages streams name each event by its type (`event`).
             event = {
                 "type": "object",
-                "properties": {"data": {"type": "string"}},
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
                 "required": ["data"],
             }
             out[200]["content"] = {"text/event-stream": {"schema": event}}
@@ -343,7 +504,8 @@ def documented(model: type[BaseModel] | None, *statuses: int, stream: bool = Fal
 
 
 ERROR_STATUSES = {
-    400: "The request is invalid or beyond a limit; `param` names the field",
+    400: "The request is invalid or beyond a limit; the error names the field (`param`, "
+    "or the start of an Anthropic error's message)",
     401: "The session is not open or the API key is wrong",
     404: "The session closed while the call was generating",
     413: "The body is larger than gateway.limits.max_request_bytes",

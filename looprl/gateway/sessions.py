@@ -57,6 +57,8 @@ class Session:
     sampled_texts: dict[str, str] = field(default_factory=dict)  # tool call id -> its choice's text
     call_texts: list[str] = field(default_factory=list)  # decoded prompt + output, per interaction
     tool_call_errors: int = 0  # choices whose tool call could not be parsed
+    # /v1/responses answers by id: the conversation a previous_response_id continues
+    responses: dict[str, list[dict]] = field(default_factory=dict)
     closed: bool = False
     created_s: float = field(default_factory=time.time)
 

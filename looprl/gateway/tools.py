@@ -162,7 +162,7 @@ def parse_tool_calls(
         except ValueError as e:  # json.JSONDecodeError is one
             return ParsedOutput(text, error=f"a tool call is not valid JSON ({e}): {body[:80]!r}")
         for item in value if isinstance(value, list) else [value]:
-            call, error = _call(item, tool_names)
+            call, error = _call(item, tool_names, max_json_depth)
             if error:
                 return ParsedOutput(text, error=error)
             calls.append(call)
@@ -172,7 +172,9 @@ def parse_tool_calls(
     return ParsedOutput(content, calls if parallel else calls[:1])
 
 
-def _call(item: Any, tool_names: set[str]) -> tuple[dict[str, Any], str | None]:
+def _call(
+    item: Any, tool_names: set[str], max_json_depth: int
+) -> tuple[dict[str, Any], str | None]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return {}, f'a tool call must be an object with a string "name", got {item!r:.80}'
     name = item["name"]
@@ -182,8 +184,8 @@ def _call(item: Any, tool_names: set[str]) -> tuple[dict[str, Any], str | None]:
     arguments = item.get("arguments", item.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = loads_bounded(arguments, max_json_depth)
+        except ValueError:  # json.JSONDecodeError is one
             return {}, f"the arguments of {name!r} are a string that is not JSON"
     if not isinstance(arguments, dict):
         return {}, f"the arguments of {name!r} must be a JSON object, got {arguments!r:.80}"

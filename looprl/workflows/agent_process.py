@@ -10,6 +10,8 @@ and the dataset row:
     OPENAI_BASE_URL   the session's base URL (.../sessions/{id}/v1)
     OPENAI_API_KEY    the session's key for model calls
     OPENAI_MODEL      the model name to send
+    ANTHROPIC_BASE_URL the same session for Anthropic's clients (without `/v1`, which
+                      they add), and ANTHROPIC_API_KEY its key
     LOOPRL_REWARD_URL where to POST {"reward": 1.0} (or per-call rewards; see the gateway)
     LOOPRL_REWARD_KEY the key that POST needs (Bearer); OPENAI_API_KEY cannot post one
     LOOPRL_DATA       the dataset row as JSON, also written to its stdin
@@ -111,6 +113,8 @@ class AgentProcess:
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": api_key,
             "OPENAI_MODEL": model,
+            "ANTHROPIC_BASE_URL": base_url.rstrip("/").removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": api_key,
             "LOOPRL_DATA": row,
         }
         if reward_key is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -31,7 +32,7 @@ from schemathesis.checks import (
 )
 
 from looprl.config import LimitsConfig, SamplingConfig
-from looprl.gateway.schemas import ChatCompletion
+from looprl.gateway.schemas import AnthropicMessage, ChatCompletion, ResponseObject
 from looprl.models import load_model, load_tokenizer
 from tests.support.local_gateway import ThreadedGateway
 
@@ -48,10 +49,16 @@ CHECKS = [
 OPERATIONS = [
     "POST /sessions/{session_id}/v1/chat/completions",
     "POST /sessions/{session_id}/v1/completions",
+    "POST /sessions/{session_id}/v1/responses",
+    "POST /sessions/{session_id}/v1/messages",
+    "POST /sessions/{session_id}/v1/messages/count_tokens",
     "GET /sessions/{session_id}/v1/models",
     "POST /sessions/{session_id}/reward",
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/responses",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /health",
 ]
@@ -256,6 +263,219 @@ def test_agent_shaped_requests_never_fail_the_server(gateway):
     assert bystander.errors == [], bystander.errors[:5]
     assert statuses[200] > 0, statuses  # the strategies reach the engine, not only the edge
     _report("agent-shaped chat conversations", statuses)
+
+
+# ---- ... and over the Responses API and Anthropic's Messages API -----------------------
+
+# A value of the wrong type where a field wants another: any JSON at all.
+WRONG = JSON_VALUES.filter(lambda value: not isinstance(value, str))
+CALL_ID = st.text(max_size=12)
+INPUT_TEXT = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_image"]), "text": TEXT}
+)
+RESPONSES_ITEM = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]),
+            "content": TEXT | st.lists(INPUT_TEXT, max_size=3),
+        },
+        optional={"type": st.just("message")},
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": CALL_ID,
+            "name": st.text(max_size=12),
+            "arguments": ARGUMENTS,
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": CALL_ID, "output": TEXT}
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "web_search_call"])}),
+)
+RESPONSES_TOOL = st.fixed_dictionaries(
+    {"type": st.just("function"), "name": st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True)},
+    optional={"description": TEXT, "parameters": st.dictionaries(st.text(), JSON_VALUES)},
+)
+ANTHROPIC_BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("tool_use"),
+            "id": CALL_ID,
+            "name": st.text(max_size=12),
+            "input": JSON_VALUES,  # an object, or any other JSON
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": CALL_ID},
+        optional={
+            "content": TEXT
+            | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT})),
+            "is_error": st.booleans(),
+        },
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["thinking", "image"]), "thinking": TEXT}),
+)
+ANTHROPIC_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant"]),
+        "content": TEXT | st.lists(ANTHROPIC_BLOCK, min_size=1, max_size=4),
+    }
+)
+ANTHROPIC_TOOL = st.fixed_dictionaries(
+    {
+        "name": st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True),
+        "input_schema": st.dictionaries(st.text(), JSON_VALUES),
+    },
+    optional={"description": TEXT},
+)
+# The last message the user's, as agents send (else most bodies are the prefill 400).
+ANTHROPIC_MESSAGES = st.tuples(
+    st.lists(ANTHROPIC_MESSAGE, max_size=5),
+    st.fixed_dictionaries(
+        {"role": st.just("user"), "content": ANTHROPIC_MESSAGE.map(lambda m: m["content"])}
+    ),
+).map(lambda pair: [*pair[0], pair[1]])
+
+
+def _spoil(body: dict, data: st.DataObject) -> dict:
+    """`body` with, sometimes, one of its fields (or one of a list field's members) set to
+    a value of the wrong type, as a buggy agent sends."""
+    if data.draw(st.integers(0, 3), label="spoil") != 0:
+        return body
+    field = data.draw(st.sampled_from(sorted(body)), label="field")
+    value = body[field]
+    if isinstance(value, list) and value:
+        at = data.draw(st.integers(0, len(value) - 1), label="at")
+        return {**body, field: [*value[:at], data.draw(WRONG, label="wrong"), *value[at + 1 :]]}
+    return {**body, field: data.draw(WRONG, label="wrong")}
+
+
+def _field_path(text: str) -> str:
+    """The field path (`input[1].arguments`) `text` starts with; "" if none."""
+    match = re.match(r"[A-Za-z_]+(?:\[\d+\]|\.[A-Za-z_]+)*", text)
+    return match.group() if match else ""
+
+
+def _fuzz_agent_api(gateway, route: str, bodies, check_answer, check_error, name: str) -> None:
+    """POST what `bodies` draws to the session's `route`: each a 200 that `check_answer`
+    takes (a JSON body, or a stream's events), or a 400 that `check_error(body, error)`."""
+    handle = gateway.call(lambda server: server.open_session())
+    url = f"{handle.base_url}/{route}"
+    headers = {"Authorization": f"Bearer {handle.api_key}", "Content-Type": "application/json"}
+    statuses: Counter[int] = Counter()
+
+    @settings(
+        max_examples=EXAMPLES * 2,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(body=bodies, data=st.data())
+    def fuzz(body, data):
+        body = _spoil(body, data)
+        response = httpx.post(url, content=_surrogate_safe_json(body), headers=headers, timeout=60)
+        statuses[response.status_code] += 1
+        assert response.status_code in (200, 400), (response.status_code, response.text[:500])
+        if response.status_code == 400:
+            check_error(body, response.json())
+        elif response.headers["content-type"].startswith("text/event-stream"):
+            events = [_event(text) for text in response.text.strip().split("\n\n")]
+            check_answer(events[-1]["response"] if route == "responses" else events)
+        else:
+            check_answer(response.json())
+
+    with Bystander(gateway) as bystander:
+        fuzz()
+    assert bystander.errors == [], bystander.errors[:5]
+    assert statuses[200] > 0, statuses  # the strategies reach the engine, not only the edge
+    _report(name, statuses)
+
+
+def _event(text: str) -> dict:
+    """A named server-sent event's data; its name is the data's `type`."""
+    name, data = text.split("\n")
+    event = json.loads(data.removeprefix("data: "))
+    assert name == f"event: {event['type']}", text
+    return event
+
+
+def _openai_error_names_the_field(body: dict, answer: dict) -> None:
+    assert set(answer) == {"error"}, answer
+    error = answer["error"]
+    assert error["param"] is not None and error["message"], error
+    assert _field_path(error["param"]) == error["param"], error
+    assert re.split(r"[.\[]", error["param"])[0] in body, (error, sorted(body))
+
+
+def _anthropic_error_names_the_field(body: dict, answer: dict) -> None:
+    assert answer["type"] == "error" and set(answer) == {"type", "error"}, answer
+    message = answer["error"]["message"]
+    assert answer["error"]["type"] == "invalid_request_error", answer
+    path = _field_path(message)
+    assert message.startswith(f"{path}:"), message
+    assert re.split(r"[.\[]", path)[0] in body, (message, sorted(body))
+
+
+def _anthropic_answer(answer: dict | list[dict]) -> None:
+    if isinstance(answer, list):  # the stream: start, blocks, delta, stop
+        assert answer[0]["type"] == "message_start" and answer[-1]["type"] == "message_stop"
+        return
+    AnthropicMessage.model_validate(answer)
+
+
+def test_agent_shaped_responses_requests_never_fail_the_server(gateway):
+    """Responses conversations: function calls and their outputs, arguments that are
+    anything at all, items and tools the gateway does not take, fields of the wrong type."""
+    bodies = st.fixed_dictionaries(
+        {
+            "input": TEXT | st.lists(RESPONSES_ITEM, min_size=1, max_size=6),
+            "max_output_tokens": st.integers(1, 8),
+        },
+        optional={
+            "instructions": TEXT,
+            "tools": st.lists(RESPONSES_TOOL, min_size=1, max_size=3),
+            "tool_choice": st.sampled_from(["auto", "none", "required"]),
+            "stream": st.booleans(),
+        },
+    )
+    _fuzz_agent_api(
+        gateway,
+        "responses",
+        bodies,
+        ResponseObject.model_validate,
+        _openai_error_names_the_field,
+        "agent-shaped Responses conversations",
+    )
+
+
+def test_agent_shaped_messages_requests_never_fail_the_server(gateway):
+    """Messages conversations: tool_use blocks whose input is any JSON, tool_result
+    blocks, blocks the gateway does not take, fields of the wrong type."""
+    bodies = st.fixed_dictionaries(
+        {
+            "model": st.just("m"),
+            "messages": ANTHROPIC_MESSAGES,
+            "max_tokens": st.integers(1, 8),
+        },
+        optional={
+            "system": TEXT,
+            "tools": st.lists(ANTHROPIC_TOOL, min_size=1, max_size=3),
+            "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]),
+            "stop_sequences": st.lists(TEXT, max_size=2),
+            "stream": st.booleans(),
+        },
+    )
+    _fuzz_agent_api(
+        gateway,
+        "messages",
+        bodies,
+        _anthropic_answer,
+        _anthropic_error_names_the_field,
+        "agent-shaped Messages conversations",
+    )
 
 
 def _report(name: str, statuses: Counter[int]) -> None:

@@ -15,25 +15,14 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError
 
 from examples.calculator.tools import TOOLS
-from looprl.config import SamplingConfig
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.trajectory import build_trajectories
 from looprl.types import Interaction
-from tests.support.local_gateway import local_gateway
+from tests.support.local_gateway import greedy_gateway
 from tests.support.tool_model import ANSWER, CALL
 
 ADD_TWO = {**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "add two"}}
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-def _gateway(model_dir):
-    """The gateway on `model_dir`, sampling greedily."""
-    return local_gateway(
-        load_model(model_dir),
-        load_tokenizer(model_dir),
-        model_name="calc",
-        default_sampling=SamplingConfig(temperature=0, max_new_tokens=40),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +37,7 @@ def _client(handle) -> AsyncOpenAI:
 async def test_a_sampled_call_goes_round_trip_and_the_session_concatenates(
     tool_model_dir, tokenizer
 ):
-    async with _gateway(tool_model_dir) as server:
+    async with greedy_gateway(tool_model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             first = await client.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)
@@ -79,7 +68,7 @@ async def test_a_sampled_call_goes_round_trip_and_the_session_concatenates(
 
 
 async def test_streamed_tool_calls_arrive_in_one_delta_with_finish_reason(tool_model_dir):
-    async with _gateway(tool_model_dir) as server:
+    async with greedy_gateway(tool_model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             stream = await client.chat.completions.create(
@@ -95,7 +84,7 @@ async def test_streamed_tool_calls_arrive_in_one_delta_with_finish_reason(tool_m
 
 
 async def test_tool_choice_none_renders_no_tools_and_parses_nothing(tool_model_dir, tokenizer):
-    async with _gateway(tool_model_dir) as server:
+    async with greedy_gateway(tool_model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             response = await client.chat.completions.create(
@@ -109,7 +98,7 @@ async def test_forced_calls_that_do_not_parse_are_content_counted_never_an_error
     tiny_model_dir,
 ):
     tokenizer = load_tokenizer(tiny_model_dir)
-    async with _gateway(tiny_model_dir) as server:
+    async with greedy_gateway(tiny_model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             required = await client.chat.completions.create(
@@ -153,7 +142,7 @@ async def test_bad_tool_requests_are_400_naming_the_problem(tiny_model_dir):
             "tools[0].function.name",
         ),
     }
-    async with _gateway(tiny_model_dir) as server:
+    async with greedy_gateway(tiny_model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             for case, (fields, message) in bad.items():
@@ -195,7 +184,7 @@ async def test_a_template_that_renders_tools_gets_them_in_hugging_face_form(
         },
         {"role": "tool", "tool_call_id": "call_from_elsewhere", "content": "5"},
     ]
-    async with _gateway(model_dir) as server:
+    async with greedy_gateway(model_dir) as server:
         handle = server.open_session()
         async with _client(handle) as client:
             response = await client.chat.completions.create(
@@ -226,7 +215,7 @@ async def test_a_prompt_reuses_the_ids_sampled_when_re_tokenizing_would_split_ot
         {"role": "assistant", "content": "The answer is 5."},
         {"role": "user", "content": "Again?"},
     ]
-    async with _gateway(tiny_model_dir) as server:
+    async with greedy_gateway(tiny_model_dir) as server:
         handle = server.open_session()
         session = server.store.get(handle.id)
         session.interactions.append(

@@ -7,8 +7,10 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from looprl.config import SamplingConfig
 from looprl.engines.local.engine import LocalEngine
 from looprl.gateway import GatewayServer, SessionStore, create_app
+from looprl.models import load_model, load_tokenizer
 
 
 @asynccontextmanager
@@ -54,3 +56,14 @@ class ThreadedGateway:
         self._run(self._context.__aexit__(None, None, None))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+
+
+def greedy_gateway(model_dir):
+    """`local_gateway` on the model in `model_dir`, served as "calc", sampling greedily
+    (40 new tokens: a tool call and its arguments)."""
+    return local_gateway(
+        load_model(model_dir),
+        load_tokenizer(model_dir),
+        model_name="calc",
+        default_sampling=SamplingConfig(temperature=0, max_new_tokens=40),
+    )

@@ -10,6 +10,7 @@ passes what makes it its own as overrides, which win over these. `tests/conftest
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,3 +69,31 @@ async def train_two_steps(cfg: Config) -> tuple[TrainSummary, list[dict], list[d
     steps = metrics_records(cfg.run_dir, "train")
     assert [r["step"] for r in steps] == [1, 2]
     return summary, steps, metrics_records(cfg.run_dir, "eval")
+
+
+async def train_tool_agent_two_steps(
+    tool_model_dir: Path, tmp_path: Path, agent: type, *overrides: str
+) -> None:
+    """Train the calculator agent class `agent` two steps on the tool model (2 prompts x 2
+    samples), checked: every rollout completed and was trained on as one sample, none
+    dropped, tools called; greedy, each held-out rollout ran a tool."""
+    cfg = tiny_run_config(
+        tool_model_dir,
+        tmp_path,
+        f"workflow.path={agent.__module__}:{agent.__name__}",
+        "sampling.max_new_tokens=40",  # a call and its arguments
+        "eval.size=2",
+        "eval.max_new_tokens=40",
+        *overrides,
+    )
+    _, steps, evals = await train_two_steps(cfg)  # in under a minute
+    for record in steps:
+        assert record["rollouts"] == record["completed"] == 4 and record["errors"] == {}, record
+        assert record["left_out_rollouts"] == 0 and record["filtered_groups"] == 0
+        assert record["dropped_stale_groups"] == 0 and record["trajectories_pruned"] == 0
+        assert record["concat_breaks"] == 0 and record["unrewarded_calls"] == 0
+        assert record["trajectories"] == record["num_sequences"] == 4  # all of it trained
+        assert record["calls"] >= 4 and record["action_share_tool"] > 0  # it called tools
+        assert 0.0 <= record["reward_mean"] <= 1.0 and math.isfinite(record["grad_norm"])
+    assert [r["rollouts"] for r in evals] == [2, 2]
+    assert all(r["completed"] == 2 and r["reward_mean"] >= 0.5 for r in evals)

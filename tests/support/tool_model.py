@@ -25,8 +25,9 @@ ANSWER = "The answer is 5."
 
 
 def _as_written_by(framework: str, name: str, description: str) -> dict:
-    """A two-number tool as the OpenAI Agents SDK ("sdk": strict, titled) or LangChain
-    ("langchain": keys in another order) write its schema."""
+    """A two-number tool as the OpenAI Agents SDK ("sdk": strict, titled), LangChain
+    ("langchain": keys in another order) or an MCP server's tool in the SDK ("mcp":
+    FastMCP's titles, not strict) write its schema."""
     number = {"type": "number"}
     if framework == "langchain":
         properties = {"a": number, "b": number}
@@ -34,6 +35,11 @@ def _as_written_by(framework: str, name: str, description: str) -> dict:
         function = {"name": name, "description": description, "parameters": parameters}
         return {"type": "function", "function": function}
     properties = {k: {"title": k.upper(), **number} for k in ("a", "b")}
+    if framework == "mcp":  # FastMCP's inputSchema, as the Agents SDK passes it on
+        parameters = {"properties": properties, "required": ["a", "b"]}
+        parameters.update(title=f"{name}Arguments", type="object")
+        function = {"name": name, "description": description, "parameters": parameters}
+        return {"type": "function", "function": {**function, "strict": False}}
     parameters = {"type": "object", "properties": properties, "required": ["a", "b"]}
     parameters.update(title=f"{name}_args", additionalProperties=False)
     function = {"name": name, "description": description, "parameters": parameters}
@@ -62,6 +68,7 @@ def conversations(tokenizer) -> list[tuple[list[int], list[int]]]:
             _as_written_by("langchain", "add", "Add two numbers."),
             _as_written_by("langchain", "multiply", "x"),
         ],
+        [_as_written_by("mcp", "add", "Add two numbers."), _as_written_by("mcp", "multiply", "x")],
     ]
     pairs = []
     for tools in toolsets:
@@ -89,9 +96,16 @@ def conversations(tokenizer) -> list[tuple[list[int], list[int]]]:
 
 
 def train_tool_model(tiny_dir: Path, out: Path, steps: int = 40) -> Path:
-    tokenizer = load_tokenizer(tiny_dir)
-    model = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    pairs = conversations(tokenizer)
+    return fine_tune(tiny_dir, out, conversations(load_tokenizer(tiny_dir)), steps)
+
+
+def fine_tune(
+    model_dir: Path, out: Path, pairs: list[tuple[list[int], list[int]]], steps: int = 40
+) -> Path:
+    """`model_dir` fine-tuned on (prompt ids, target ids) `pairs`, the loss on the targets
+    only, saved to `out` with its tokenizer."""
+    tokenizer = load_tokenizer(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     length = max(len(p) + len(t) for p, t in pairs)
     ids = torch.full((len(pairs), length), tokenizer.pad_token_id)
     labels = torch.full((len(pairs), length), -100)
@@ -114,3 +128,30 @@ def train_tool_model(tiny_dir: Path, out: Path, steps: int = 40) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def assert_one_sample_round_trip(
+    result, tokenizer, calls: int | None = None, call: str = CALL
+) -> str:
+    """Checks a greedy tool-model rollout (`RolloutResult` of one row): it completed
+    with reward 1.0 (the tool ran and the answer used its result), made `calls` calls
+    (default: at least 2; the tiny model sometimes calls the tool once more before
+    answering), and is one sample whose sampled tokens are exactly the calls then the
+    answer (`call` is each call's text), with one tool result per call sent back between
+    them. Returns the text of
+    the tokens not sampled (the prompt and what was sent back)."""
+    stats = result.stats()
+    assert stats["completed"] == 1 and stats["reward_mean"] == 1.0, stats
+    assert stats["calls"] >= 2 if calls is None else stats["calls"] == calls, stats
+    assert stats["concat_breaks"] == 0 and stats["tool_call_errors"] == 0, stats
+    calls = stats["calls"]
+    (sample,) = result.trajectories
+    sampled = sample.input_ids[sample.loss_mask].tolist()
+    call_ids = [*tokenizer(call, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+    answer_ids = [*tokenizer(ANSWER, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+    assert sampled == call_ids * (calls - 1) + answer_ids  # the outputs, nothing sent back
+    unmasked = tokenizer.decode(sample.input_ids[~sample.loss_mask])
+    assert unmasked.count("<tool_response>\n5\n</tool_response>") == calls - 1
+    transitions = sample.loss_mask.int().diff().ne(0).sum()
+    assert transitions == 2 * calls - 1  # one run of sampled tokens per call, the last at the end
+    return unmasked

@@ -127,3 +127,19 @@ def test_nesting_depth_ignores_brackets_inside_strings():
     assert nesting_depth('{"a": "[[[{{{", "b": [1, {"c": "\\"]]"}]}') == 3
     assert nesting_depth("[]") == 1 and nesting_depth("42") == 0
     assert nesting_depth(b"[" * 2000 + b"]" * 2000) == 2000
+
+
+def test_nan_and_infinity_in_a_call_are_an_error_not_an_answer_no_one_can_write():
+    for arguments in ('{"a": NaN, "b": 3}', '{"a": 2, "b": -Infinity}'):
+        for body in (
+            f'{{"name": "add", "arguments": {arguments}}}',
+            f'{{"name": "add", "arguments": {json.dumps(arguments)}}}',  # as a JSON string
+        ):
+            text = f"<tool_call>\n{body}\n</tool_call>"
+            out = parse_tool_calls(text, {"add"})
+            assert out.tool_calls == [] and out.content == text and out.error, body
+    deep = '"' + "[" * 100 + "]" * 100 + '"'  # arguments as a string nesting too deep
+    out = parse_tool_calls(
+        f'<tool_call>{{"name": "add", "arguments": {deep}}}</tool_call>', {"add"}
+    )
+    assert out.tool_calls == [] and "not JSON" in out.error
