@@ -4,7 +4,7 @@
 `bind_tools`; the loop runs each tool call and sends back a `ToolMessage`.
 """
 
-from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
@@ -46,5 +46,6 @@ class CalculatorLangChainAgent:
                     result = f"error: {call['name']}({call['args']}) failed: {e}"
                 results.append(result)
                 messages.append(ToolMessage(result, tool_call_id=call["id"]))
-        final = messages[-1].content if not getattr(messages[-1], "tool_calls", None) else None
+        last = messages[-1]  # out of turns after a call, the last is the tool's result
+        final = last.content if isinstance(last, AIMessage) and not last.tool_calls else None
         return score(final, data["answer"], results)
