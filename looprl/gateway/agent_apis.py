@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from looprl.engines.base import EngineError
 from looprl.gateway import anthropic_messages, openai_responses, prompts
-from looprl.gateway import tools as tools_lib
+from looprl.gateway import limits as limits_lib
 from looprl.gateway.anthropic_messages import CountTokensRequest, MessagesRequest
 from looprl.gateway.errors import APIError, engine_failed, validation_error
 from looprl.gateway.openai_responses import ResponsesRequest
@@ -94,8 +94,10 @@ async def messages(
 
     def body(gen: Generation, text: str, finish: str) -> dict:
         message, finish = plan.message(0, text, finish)
-        full = gateway.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-        stop = _stop_hit(full, plan.sampling[0].stop) if finish == "stop" else None
+        stop = None
+        if finish == "stop" and plan.sampling[0].stop:  # the stop string, if one ended it
+            full = gateway.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+            stop = _stop_hit(full, plan.sampling[0].stop)
         return anthropic_messages.message_body(
             plan.call.id,
             gateway.model_name,
@@ -116,14 +118,9 @@ async def messages(
 def count_tokens(gateway: Gateway, req: CountTokensRequest, session: Session | None) -> dict:
     with _named_as(MESSAGES_FIELDS):
         chat_req = _as_chat(req.chat_request())
-        tools, tool_choice = chat_req.active_tools()
-        prompt_ids = prompts.chat_prompt(
-            gateway.tokenizer,
-            chat_req,
-            tools,
-            tools_lib.forced_prefix(tool_choice),
-            session,
-            native_tools=gateway.native_tools,
+        limits_lib.check_messages(chat_req.messages, gateway.limits)
+        prompt_ids, _, _ = prompts.request_prompt(
+            gateway.tokenizer, chat_req, session, native_tools=gateway.native_tools
         )
     return {"input_tokens": len(prompt_ids)}
 

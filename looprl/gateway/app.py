@@ -333,10 +333,8 @@ class Gateway:
         becomes an assistant message. Every API's request goes through here as a chat
         request, so a conversation gives the same tokens whichever API carries it."""
         limits_lib.check_messages(req.messages, self.limits)
-        tools, tool_choice = req.active_tools()
-        prefix = tools_lib.forced_prefix(tool_choice)
-        prompt_ids = prompts.chat_prompt(
-            self.tokenizer, req, tools, prefix, session, native_tools=self.native_tools
+        prompt_ids, tools, prefix = prompts.request_prompt(
+            self.tokenizer, req, session, native_tools=self.native_tools
         )
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0

@@ -20,6 +20,21 @@ from looprl.gateway.schemas import ChatRequest
 from looprl.gateway.sessions import Session
 
 
+def request_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    req: ChatRequest,
+    session: Session | None,
+    *,
+    native_tools: bool,
+) -> tuple[list[int], list[dict], str]:
+    """`req`'s prompt ids (`chat_prompt`), the tools the model sees, and the forced start
+    of a tool call the prompt ends with ("" when `tool_choice` forces none)."""
+    tools, tool_choice = req.active_tools()
+    prefix = tools_lib.forced_prefix(tool_choice)
+    ids = chat_prompt(tokenizer, req, tools, prefix, session, native_tools=native_tools)
+    return ids, tools, prefix
+
+
 def chat_prompt(
     tokenizer: PreTrainedTokenizerBase,
     req: ChatRequest,
