@@ -120,6 +120,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     cfg.reward.max_failure_rate,
                     cfg.rollout.batch_size * cfg.rollout.group_size,
                 )
+                batch_wait_s = time.monotonic() - step_start  # the trainer idle, waiting
                 # Before the update lets the next batch's rollouts start: this batch's
                 # reward counters, and those of an evaluation run since the last step.
                 reward_stats = opened.reward_stats()
@@ -135,7 +136,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     gae_lambda=cfg.train.gae_lambda,
                 )
                 metrics.status("training")
-                train_stats = await train_step(trainer, batch, engine)
+                train_stats = await train_step(trainer, batch, engine, pause=parts.pause_engine)
                 # Before the next batch may start: a rollout admitted while the write awaits
                 # would take a seed that a resume from this step's checkpoint replays.
                 train_stats.update(await trajectories.write(step, rollout, batch, trainer))
@@ -147,6 +148,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     **train_stats,
                     **multi_turn_actions(rollout),
                     "response_length": batch_stats["num_sampled_tokens"] / len(batch.rewards),
+                    "batch_wait_s": batch_wait_s,
                     "step_time_s": time.monotonic() - step_start,
                 }
                 metrics.log("train", step, record)
@@ -393,10 +395,14 @@ class DataStream:
         return row
 
 
-async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
+async def train_step(
+    trainer: TrainerHandle, batch, engine, *, pause: bool = True
+) -> dict[str, float]:
     """One update, then the new weights to the engine (generations in flight go on).
 
-    The engine pauses at a token boundary while the trainer holds the cores. A local
+    With `pause` (the engine shares the trainer's devices or cores: Parts.pause_engine)
+    the engine pauses at a token boundary while the trainer holds them; without, it
+    keeps generating and loads the new weights between two decode steps. A local
     trainer steps in a worker thread, so that the event loop stays live: workflows, the
     gateway and every timeout go on meanwhile (with the step on the loop's thread, a
     client's 5 s connect timeout fired on a healthy request). The thread's own cost is
@@ -404,14 +410,16 @@ async def train_step(trainer: TrainerHandle, batch, engine) -> dict[str, float]:
     inline); Python running on the loop meanwhile, e.g. asynchronous RL's rollouts, costs
     ~1.25x (GIL).
     """
-    await engine.pause()
+    if pause:
+        await engine.pause()
     try:
         stats = await trainer.train_step(batch)
         start = time.perf_counter()
         await trainer.push_weights()
         stats["weight_sync_s"] = time.perf_counter() - start
     finally:
-        await engine.resume()
+        if pause:
+            await engine.resume()
     return stats
 
 

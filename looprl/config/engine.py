@@ -71,6 +71,16 @@ class EngineConfig(Section):
         "auto: cpu on a CPU, portable on a GPU. Forcing portable on a CPU runs the code a "
         "GPU runs (slower there: BENCHMARKS.md).",
     )
+    pause_while_training: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Whether generation pauses while the trainer steps and loads new weights. "
+        "always: the engine and the trainer share devices (or CPU cores), so a paused "
+        "engine leaves them to the trainer; never: the engine runs elsewhere and keeps "
+        "generating, asynchronous RL overlapping generation with training (new weights "
+        "load between decode steps, sequences in flight go on under them); auto: never "
+        "for a server at engine.url and for Ray replicas placed on their own GPUs "
+        "(disaggregated), always otherwise. Decided once at start and logged.",
+    )
     url: str | None = Field(
         None,
         description="vllm/sglang: base URL of a running server to use instead of launching "

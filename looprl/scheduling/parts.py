@@ -128,6 +128,26 @@ class Parts:
     controller: RolloutController
     tokenizer: Any
     trainer: TrainerHandle | None = None
+    pause_engine: bool = True  # while the trainer steps (pause_engine_while_training)
+
+
+def pause_engine_while_training(cfg: Config, separate: str | None) -> bool:
+    """engine.pause_while_training decided for this run, and logged: `separate` says why
+    the engine runs apart from the trainer (auto: never paused), None that they share
+    devices or CPU cores (auto: paused)."""
+    setting = cfg.engine.pause_while_training
+    pause = setting == "always" or (setting == "auto" and separate is None)
+    if pause:
+        why = "they share devices" if separate is None else "engine.pause_while_training=always"
+        log.info("The engine pauses while the trainer steps (%s)", why)
+    else:
+        why = separate or "they share devices, but engine.pause_while_training=never"
+        log.info(
+            "The engine keeps generating while the trainer steps (%s); new weights load "
+            "between its decode steps",
+            why,
+        )
+    return pause
 
 
 @asynccontextmanager
@@ -138,9 +158,11 @@ async def gateway_and_controller(
     workflow: Workflow,
     *,
     engine_health: Callable[[], dict[str, Any]] | None = None,
+    pause_engine: bool = True,
 ) -> AsyncIterator[Parts]:
     """A gateway on `engine` and a rollout controller on the gateway; both closed on exit
-    (the engine is the caller's). `engine_health` goes into the gateway's /health."""
+    (the engine is the caller's). `engine_health` goes into the gateway's /health;
+    `pause_engine`: whether the loop pauses it while the trainer steps."""
     cfg = setup.cfg
     app = create_app(
         engine,
@@ -171,7 +193,7 @@ async def gateway_and_controller(
         },
     )
     try:
-        yield Parts(engine, server, controller, tokenizer)
+        yield Parts(engine, server, controller, tokenizer, pause_engine=pause_engine)
     finally:
         await controller.close()
         await server.stop()

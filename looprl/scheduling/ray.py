@@ -49,7 +49,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskErr
 from looprl import startup
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
-from looprl.scheduling.parts import Parts, gateway_and_controller
+from looprl.scheduling.parts import Parts, gateway_and_controller, pause_engine_while_training
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
 from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray_actors import EngineReplica, TrainerRank
@@ -308,8 +308,17 @@ async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Pa
             max_restarts = 0
         pool = EnginePool(engines, names=[e.name for e in engines], max_restarts=max_restarts)
         group.pool = pool
+        apart = plan.placement == "disaggregated" and plan.uses_gpus
+        pause = pause_engine_while_training(
+            cfg, "Ray replicas on GPUs of their own (disaggregated)" if apart else None
+        )
         async with gateway_and_controller(
-            setup, pool, setup.model.tokenizer, workflow, engine_health=pool.stats
+            setup,
+            pool,
+            setup.model.tokenizer,
+            workflow,
+            engine_health=pool.stats,
+            pause_engine=pause,
         ) as parts:
             parts.trainer = group
             yield parts

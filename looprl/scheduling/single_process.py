@@ -29,7 +29,12 @@ from looprl.engines.local.engine import LocalEngine
 from looprl.engines.pool import EnginePool
 from looprl.engines.servers.server_engine import ServerEngine
 from looprl.memory import kv_tokens_after_step, peak_allocated, reset_peak
-from looprl.scheduling.parts import Parts, build_trainer, gateway_and_controller
+from looprl.scheduling.parts import (
+    Parts,
+    build_trainer,
+    gateway_and_controller,
+    pause_engine_while_training,
+)
 from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
 from looprl.training.policy_folder import save_policy
@@ -115,9 +120,13 @@ async def start_single_process(
         name, restarts = f"{engine.kind} server", cfg.engine.max_restarts
         engine = EnginePool([engine], names=[name], max_restarts=restarts)
         health = engine.stats
+    pause = True
+    if train:  # a server at engine.url runs elsewhere; one launched here shares our devices
+        elsewhere = f"a server at engine.url {cfg.engine.url}" if cfg.engine.url else None
+        pause = pause_engine_while_training(cfg, elsewhere)
     try:
         async with gateway_and_controller(
-            setup, engine, tokenizer, workflow, engine_health=health
+            setup, engine, tokenizer, workflow, engine_health=health, pause_engine=pause
         ) as parts:
             if trainer is not None:
                 resize = None
