@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu fuzz lint format clean-venv chromium bubblewrap
+.PHONY: demo bench test test-gpu fuzz lint format clean-venv chromium bubblewrap
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 demo: $(STAMP)
 	$(BIN)/looprl train recover.mode=off
+
+# The headline comparisons at HEAD, each beside its baseline (bench/headline.py, ~54 min on
+# 2 cores): bench/results/summary.md and .json, logs in bench/results/logs/. PARTS re-runs
+# some of them (make bench PARTS="engine lora"), keeping the others' rows.
+PARTS ?=
+bench: $(STAMP)
+	$(BIN)/python bench/headline.py $(if $(PARTS),--parts $(PARTS))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

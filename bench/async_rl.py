@@ -26,6 +26,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+from common import Row, write_result
+
 from looprl.config import load_config
 from looprl.engines.local.engine import LocalEngine
 from looprl.loop import train
@@ -42,13 +44,14 @@ def add_latency(seconds: float) -> None:
     LocalEngine.generate = remote_generate
 
 
-async def run(offpolicyness: int, steps: int, root: Path) -> dict:
+async def run(offpolicyness: int, pause: str, steps: int, root: Path) -> dict:
     cfg = load_config(
         None,
         [
             f"run.fileroot={root}",
-            f"run.trial_name=off{offpolicyness}",
+            f"run.trial_name=off{offpolicyness}-{pause}",
             f"rollout.max_head_offpolicyness={offpolicyness}",
+            f"engine.pause_while_training={pause}",
             "rollout.batch_size=4",
             "rollout.group_size=4",
             "sampling.max_new_tokens=16",
@@ -70,9 +73,21 @@ async def run(offpolicyness: int, steps: int, root: Path) -> dict:
         "trajectories_per_s": trajectories / seconds,
         "train_s": sum(r["train_time_s"] for r in train_steps) / len(train_steps),
         "rest_s": sum(r["step_time_s"] - r["train_time_s"] for r in train_steps) / len(train_steps),
+        "wait_s": sum(r["batch_wait_s"] for r in train_steps) / len(train_steps),
+        "sync_s": sum(r["weight_sync_s"] for r in train_steps) / len(train_steps),
+        "tokens_trained": sum(r["num_sampled_tokens"] for r in train_steps) / len(train_steps),
         "staleness_max": max(r["staleness_max"] for r in train_steps),
         "reward_mean": sum(r["reward_mean"] for r in train_steps) / len(train_steps),
     }
+
+
+def modes(offpolicyness: int) -> list[tuple[str, int, str]]:
+    """(name, max_head_offpolicyness, engine.pause_while_training) of each measured run."""
+    return [
+        ("sync", 0, "always"),
+        ("async", offpolicyness, "always"),
+        ("async, engine not paused", offpolicyness, "never"),
+    ]
 
 
 def main() -> None:
@@ -80,32 +95,57 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--latency-s", type=float, default=2.0)
     parser.add_argument("--offpolicyness", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the results here (bench/common.py)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     add_latency(args.latency_s)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, off in (("sync", 0), ("async", args.offpolicyness)):
-            print(f"running {name} (max_head_offpolicyness={off}), {args.steps} steps ...")
-            results[name] = asyncio.run(run(off, args.steps, Path(tmp)))
+        for name, off, pause in modes(args.offpolicyness):
+            print(
+                f"running {name} (max_head_offpolicyness={off}, pause {pause}), "
+                f"{args.steps} steps ...",
+                flush=True,
+            )
+            results[name] = asyncio.run(run(off, pause, args.steps, Path(tmp)))
     print(
         f"\nSmolLM2-135M, 4 prompts x 4 samples x 16 tokens per step, {args.steps} steps, "
         f"{args.latency_s} s added per generate call"
     )
     print(
-        "| mode | max_head_offpolicyness | train steps/hour | trajectories/s | "
-        "train_step s/step | rest of the step s/step | max staleness | mean reward |"
+        "| mode | max_head_offpolicyness | engine paused while training | train steps/hour | "
+        "trajectories/s | train_step s/step | rest of the step s/step | of which waiting "
+        "for the batch | of which weight sync | sampled tokens trained/step | max staleness | "
+        "mean reward |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, off in (("sync", 0), ("async", args.offpolicyness)):
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, off, pause in modes(args.offpolicyness):
         r = results[name]
         print(
-            f"| {name} | {off} | {r['steps_per_hour']:.0f} | {r['trajectories_per_s']:.2f} | "
-            f"{r['train_s']:.2f} | {r['rest_s']:.2f} | {r['staleness_max']:.0f} | "
-            f"{r['reward_mean']:.3f} |"
+            f"| {name} | {off} | {pause} | {r['steps_per_hour']:.0f} | "
+            f"{r['trajectories_per_s']:.2f} | {r['train_s']:.2f} | {r['rest_s']:.2f} | "
+            f"{r['wait_s']:.2f} | {r['sync_s']:.2f} | {r['tokens_trained']:.0f} | "
+            f"{r['staleness_max']:.0f} | {r['reward_mean']:.3f} |"
         )
-    ratio = results["async"]["steps_per_hour"] / results["sync"]["steps_per_hour"]
-    print(f"async / sync: {ratio:.2f}x train steps per hour")
+    sync = results["sync"]["steps_per_hour"]
+    for name, _, _ in modes(args.offpolicyness)[1:]:
+        print(f"{name} / sync: {results[name]['steps_per_hour'] / sync:.2f}x train steps per hour")
+    if args.json:
+        setting = f"{args.latency_s:g} s per generate call, {args.steps} steps"
+        rows = [
+            Row(
+                figure=f"train steps per hour, {name} (max_head_offpolicyness={off}), {setting}",
+                looprl=results[name]["steps_per_hour"],
+                baseline=sync,
+                baseline_name="sync (max_head_offpolicyness=0)",
+                unit="steps/h",
+                better="higher",
+                note=f"mean train reward {results[name]['reward_mean']:.3f} vs sync "
+                f"{results['sync']['reward_mean']:.3f}",
+            )
+            for name, off, _ in modes(args.offpolicyness)[1:]
+        ]
+        write_result(args.json, "async", rows, results)
 
 
 if __name__ == "__main__":

