@@ -99,7 +99,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 trackers=start_trackers(cfg, paths, first_step=first_step),
                 samples_per_step=cfg.metrics.samples_per_step,
             ) as metrics,
-            GracefulStop() as stop,
+            GracefulStop(paths) as stop,
             HangWatchdog(paths, "driver", cfg.diagnostics) as watchdog,
         ):
             if checkpoint is None:
@@ -324,21 +324,33 @@ class Saver:
 
 
 class Stopped(Exception):
-    """Training stopped on a signal after saving a checkpoint."""
+    """Training stopped on a signal: after saving a checkpoint at the end of `step`, or
+    (`step` None) at once on a second signal, without one."""
 
-    def __init__(self, signum: int, step: int, paths: RunPaths):
+    def __init__(self, signum: int, step: int | None, paths: RunPaths):
         self.signum = signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint is in "
-            f"{paths.checkpoints} and the same command resumes from it"
-        )
+        name = signal.Signals(signum).name
+        if step is None:
+            message = (
+                f"stopped at once by a second {name}, without a checkpoint; the same command "
+                f"resumes from the last one in {paths.checkpoints}, if any"
+            )
+        else:
+            message = (
+                f"stopped by {name} after step {step}; the checkpoint is in "
+                f"{paths.checkpoints} and the same command resumes from it"
+            )
+        super().__init__(message)
 
 
 class GracefulStop:
-    """SIGTERM/SIGINT: finish the step, save, stop. A second one stops at once."""
+    """SIGTERM/SIGINT: finish the step, save, stop. A second one stops at once: the
+    training task is cancelled, and leaves this block as `Stopped` (no checkpoint)."""
 
-    def __init__(self) -> None:
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
         self.signal: int | None = None
+        self._again = False
 
     def __enter__(self) -> GracefulStop:
         self._loop = asyncio.get_running_loop()
@@ -347,9 +359,12 @@ class GracefulStop:
             self._loop.add_signal_handler(signum, self._on_signal, signum)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, traceback) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._loop.remove_signal_handler(signum)
+        if self._again and kind is asyncio.CancelledError:
+            self._task.uncancel()  # our cancel, answered: the cleanup around goes on
+            raise Stopped(self.signal, None, self.paths) from None
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -360,7 +375,8 @@ class GracefulStop:
                 "stop at once, without one)",
                 name,
             )
-        else:
+        elif not self._again:
+            self._again = True
             log.warning("Received %s again: stopping now", name)
             self._task.cancel()
 
@@ -402,13 +418,13 @@ async def train_step(
 
     With `pause` (the engine shares the trainer's devices or cores: Parts.pause_engine)
     the engine pauses at a token boundary while the trainer holds them; without, it
-    keeps generating and loads the new weights between two decode steps. A local
-    trainer steps in a worker thread, so that the event loop stays live: workflows, the
-    gateway and every timeout go on meanwhile (with the step on the loop's thread, a
-    client's 5 s connect timeout fired on a healthy request). The thread's own cost is
-    within the machine's noise (`bench/train_step_thread.py`: medians 0.95-1.17x of
-    inline); Python running on the loop meanwhile, e.g. asynchronous RL's rollouts, costs
-    ~1.25x (GIL).
+    keeps generating and loads the new weights between two decode steps (a server: between
+    requests). A local trainer steps in a worker thread, so that the event loop stays
+    live: workflows, the gateway and every timeout go on meanwhile (with the step on the
+    loop's thread, a client's 5 s connect timeout fired on a healthy request). The
+    thread's own cost is within the machine's noise (`bench/train_step_thread.py`:
+    medians 0.95-1.17x of inline); Python running on the loop meanwhile, e.g.
+    asynchronous RL's rollouts, costs ~1.25x (GIL).
     """
     if pause:
         await engine.pause()

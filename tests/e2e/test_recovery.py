@@ -122,6 +122,24 @@ def test_sigterm_saves_and_stops_after_the_step(tiny_model_dir, tmp_path):
     assert b"the same command resumes from it" in out
 
 
+@pytest.mark.slow
+def test_a_second_sigterm_stops_at_once_with_a_message_not_a_traceback(tiny_model_dir, tmp_path):
+    cwd = Path(__file__).resolve().parents[2]
+    command = seeded_train_command(tiny_model_dir, tmp_path, "twice")
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log_file = tmp_path / "default" / "twice" / "train.log"
+    assert wait_for_log(log_file, 0, "Saved recover checkpoint for step 2", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert wait_for_log(log_file, 0, "Received SIGTERM: stopping after this step", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    text = out.decode()
+    assert proc.returncode == 128 + signal.SIGTERM, text[-2000:]
+    assert "Received SIGTERM again: stopping now" in log_file.read_text()
+    assert "stopped at once by a second SIGTERM, without a checkpoint" in text
+    assert "Traceback" not in text and "CancelledError" not in text, text[-2000:]
+
+
 # ---- asynchronous: rollouts in flight when killed ------------------------------------
 
 ASYNC_STEPS = 10
