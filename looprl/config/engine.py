@@ -76,8 +76,9 @@ class EngineConfig(Section):
         description="Whether generation pauses while the trainer steps and loads new weights. "
         "always: the engine and the trainer share devices (or CPU cores), so a paused "
         "engine leaves them to the trainer; never: the engine runs elsewhere and keeps "
-        "generating, asynchronous RL overlapping generation with training (new weights "
-        "load between decode steps, sequences in flight go on under them); auto: never "
+        "generating, asynchronous RL overlapping generation with training (a local engine "
+        "loads new weights between decode steps, sequences in flight going on under them; "
+        "a vLLM/SGLang server between requests, those in flight finishing first); auto: never "
         "for a server at engine.url and for Ray replicas placed on their own GPUs "
         "(disaggregated), always otherwise. Decided once at start and logged.",
     )

@@ -143,8 +143,8 @@ def pause_engine_while_training(cfg: Config, separate: str | None) -> bool:
     else:
         why = separate or "they share devices, but engine.pause_while_training=never"
         log.info(
-            "The engine keeps generating while the trainer steps (%s); new weights load "
-            "between its decode steps",
+            "The engine keeps generating while the trainer steps (%s); it loads new weights "
+            "between its decode steps (local) or requests (a server)",
             why,
         )
     return pause
