@@ -102,7 +102,9 @@ def claude_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """The tiny model fine-tuned to call `mcp__calculator__add` on Claude Code's prompt."""
     first_calls = asyncio.run(_first_calls(tiny_model_dir))
     pairs = _claude_conversations(load_tokenizer(tiny_model_dir), first_calls)
-    return fine_tune(tiny_model_dir, tmp_path_factory.mktemp("claude-llama"), pairs)
+    # 80 steps, not 40: after 40, once in CI, one greedy held-out call did not parse
+    # before any training (the fixture model's margin on Claude Code's long prompt is thin)
+    return fine_tune(tiny_model_dir, tmp_path_factory.mktemp("claude-llama"), pairs, steps=80)
 
 
 async def test_claude_agent_round_trips_a_tool_call_into_one_sample(
