@@ -23,7 +23,12 @@ Times are the sum of the steps' `step_time_s` (rollout wait + train step + weigh
 update), evaluations excluded; the table splits a step into `train_step`, the wait for
 the batch (`batch_wait_s`), the weight sync, and what remains.
 
-    .venv/bin/python bench/async_rl.py [--steps 8] [--latency-s 2.0] [--json PATH]
+Steps: 20 by default. The first step is the same in every mode (no earlier batch to
+overlap with, and the first pass's warm-up): ~7 s against ~3 s for a later async step,
+so over 8 steps it alone held async/sync down by ~0.15, and 8-step ratios ranged over
+1.43-1.66x on the same code.
+
+    .venv/bin/python bench/async_rl.py [--steps 20] [--latency-s 2.0] [--json PATH]
     .venv/bin/python bench/async_rl.py --engine vllm-apart
 """
 
@@ -139,7 +144,7 @@ def modes(offpolicyness: int) -> list[tuple[str, int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--latency-s", type=float, default=2.0)
     parser.add_argument("--offpolicyness", type=int, default=2)
     parser.add_argument("--engine", choices=["local", "vllm-apart"], default="local")

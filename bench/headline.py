@@ -57,11 +57,12 @@ PARTS = {  # minutes: what each part took in the make bench run of 2026-11-28
     # Both frameworks at looprl's default job's setting (8 x 8, lr 2e-5); TRL's setting
     # too is `bench/trl_end_to_end.py --settings trl` (~26 min, not a part).
     "time_to_90": Part(("bench/trl_end_to_end.py", "--settings", "looprl", "--cap-min", "15"), 13),
-    # 8 steps sync, async with the engine paused and not paused, local engine.
-    "async": Part(("bench/async_rl.py",), 3),
+    # 20 steps sync, async with the engine paused and not paused, local engine.
+    "async": Part(("bench/async_rl.py",), 5.5),
     # The same three runs with a vLLM-CPU server on a core of its own (eager: ~30 s to
     # start) and the trainer on the other: the engine apart, as disaggregated on GPUs.
-    "async_apart": Part(("bench/async_rl.py", "--engine", "vllm-apart"), 6),
+    # 8 steps each: a step takes ~2x longer on one core.
+    "async_apart": Part(("bench/async_rl.py", "--engine", "vllm-apart", "--steps", "8"), 6),
     # full and LoRA rank 16, each without and with activation checkpointing, each in
     # its own process, then the syncs into vLLM-CPU (eager).
     "lora": Part(("bench/lora.py", "--ranks", "16", "--activation-checkpointing", "--vllm"), 4),

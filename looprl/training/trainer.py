@@ -80,6 +80,10 @@ from looprl.types import LoraAdapter
 
 log = logging.getLogger(__name__)
 
+# Devices with torch's fused AdamW kernel: one pass over all parameters. Elsewhere torch
+# loops over them in Python (on CPU, `foreach` is no faster): SmolLM2-135M's optimizer
+# step took 0.40 s unfused, 0.09 s fused on 2 cores, ~20% of a small async RL step.
+FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda", "xpu"})
 _COUNTS = ("num_tokens", "num_micro_batches")  # summed over optimizer steps, not averaged
 
 
@@ -216,7 +220,12 @@ class Trainer:
             model = add_adapters(model, lora, DTYPES[self.precision.dtype])
         self.model = model = self._distribute(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            fused=self.device.type in FUSED_ADAMW_DEVICES,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg)
         )
