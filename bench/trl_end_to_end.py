@@ -35,9 +35,9 @@ TRL runs `bf16=True`, bf16 autocast over float32 weights for its training and it
 generation, and looprl its bf16 engine and bf16 autocast training over float32 weights.
 Left different (printed, and in the JSON's details): looprl weights each token by
 pi_trainer / pi_engine (`mismatch_correction=mis`) as its engine is not the trainer, TRL
-samples with the trained model itself; TRL's advantage eps is 1e-4 (looprl 1e-6); TRL's
-fused AdamW (same update); the order of the training problems (TRL shuffles with seed
-42, looprl its own order with run.seed 0).
+samples with the trained model itself; TRL's advantage eps is 1e-4 (looprl 1e-6); and
+the order of the training problems and the sampling seed (TRL shuffles with seed 42 +
+`--seed`, looprl its own order with `run.seed` = `--seed`, 0 by default).
 
 Times count from the launch of each side's process (imports and model load included;
 looprl's also its recover checkpoint at step 2, a default); "train time" is the sum of
@@ -51,6 +51,7 @@ cores: a TRL step takes ~25-40 s at 4 x 8 and ~45-75 s at 8 x 8, an evaluation ~
 
     .venv/bin/python bench/trl_end_to_end.py [--json PATH]              # 4 sides
     .venv/bin/python bench/trl_end_to_end.py --settings trl --sides trl  # one side
+    .venv/bin/python bench/trl_end_to_end.py --settings looprl --seed 1  # another seed
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_end_to_end.py --cap-min 1 --target 0.99 \\
         --settings trl --sides trl                                       # a smoke run
 """
@@ -70,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")  # looprl.tasks.arithmetic's, for .venv-trl
 MAX_NEW_TOKENS, EVAL_EVERY_STEPS, TOTAL_STEPS = 48, 2, 60  # TOTAL_STEPS: the lr horizon
 TRL_MICRO_BATCH = 32  # completions per TRL forward/backward
+TRL_SEED = 42  # GRPOConfig's default; --seed is added to it
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,7 @@ TRL_DIFFERENCES = [
     "generation: looprl's engine (bf16 weights where bf16 is chosen); TRL's HF generate "
     "under the same autocast as its training, over float32 weights",
     "advantage eps: TRL 1e-4, looprl 1e-6 (std of 0/1 rewards in a mixed group >= 0.35)",
-    "optimizer: TRL adamw_torch_fused, looprl torch.optim.AdamW (same update and defaults)",
-    "training problem order: TRL shuffles with seed 42, looprl its own order (run.seed 0)",
+    "training problem order and sampling seed: TRL seed 42 + --seed, looprl run.seed = --seed",
 ]
 
 
@@ -109,7 +110,7 @@ def correct(text: str, answer: int) -> bool:
 
 
 def run_looprl(
-    setting: Setting, compute_dtype: str, out: Path, target: float, cap_s: float
+    setting: Setting, compute_dtype: str, out: Path, target: float, cap_s: float, seed: int
 ) -> list[dict]:
     """Evaluations of a `looprl train` run, as {step, accuracy, time_s, train_s}."""
     overrides = [
@@ -126,6 +127,7 @@ def run_looprl(
         f"eval.every_steps={EVAL_EVERY_STEPS}",
         f"eval.max_new_tokens={MAX_NEW_TOKENS}",
         "recover.mode=off",
+        f"run.seed={seed}",
         f"run.fileroot={out}",
     ]
     start = time.time()
@@ -164,6 +166,7 @@ def trl_side(
     target: float,
     cap_s: float,
     start: float,
+    seed: int,
 ):
     """Runs in .venv-trl: GRPOTrainer with an evaluating callback; writes trl_evals.json."""
     import torch
@@ -262,6 +265,7 @@ def trl_side(
         logging_steps=1,
         save_strategy="no",
         report_to=[],
+        seed=TRL_SEED + seed,
     )
     rows = [
         {"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
@@ -278,10 +282,18 @@ def trl_side(
 
 
 def run_trl(
-    name: str, bf16: bool, task_file: Path, out: Path, target: float, cap_min: float, python: Path
+    name: str,
+    bf16: bool,
+    task_file: Path,
+    out: Path,
+    target: float,
+    cap_min: float,
+    python: Path,
+    seed: int,
 ) -> list[dict]:
     """Evaluations of a TRL run at setting `name`, in its own .venv-trl process."""
     cmd = [str(python), __file__, "--out", str(out), "--task", str(task_file)]
+    cmd += ["--seed", str(seed)]
     cmd += ["--trl-side", str(time.time()), "--settings", name]
     cmd += ["--target", str(target), "--cap-min", str(cap_min)] + (["--trl-bf16"] if bf16 else [])
     with (out / "trl.log").open("w") as log:
@@ -395,6 +407,9 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=["looprl", "trl"], default=["looprl", "trl"])
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="also write the rows here (bench/common.py)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="looprl's run.seed; TRL's seed is 42 + this"
+    )
     parser.add_argument("--trl-side", type=float, help=argparse.SUPPRESS)  # start time
     parser.add_argument("--trl-bf16", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--task", type=Path, help=argparse.SUPPRESS)  # task.json
@@ -402,7 +417,16 @@ def main() -> None:
     cap_s = 60 * args.cap_min
     if args.trl_side:
         setting = SETTINGS[args.settings[0]]
-        trl_side(args.out, args.task, setting, args.trl_bf16, args.target, cap_s, args.trl_side)
+        trl_side(
+            args.out,
+            args.task,
+            setting,
+            args.trl_bf16,
+            args.target,
+            cap_s,
+            args.trl_side,
+            args.seed,
+        )
         return
 
     from common import write_result  # not in .venv-trl: it imports looprl
@@ -425,6 +449,7 @@ def main() -> None:
     decided = training_precision(model_dir)
     bf16 = decided.dtype == "bfloat16"
     print(f"work folder {out}; {len(held_out)} held-out problems; TRL side: {versions}")
+    print(f"seeds: looprl run.seed={args.seed}, TRL seed={TRL_SEED + args.seed}")
     print(f"precision, both sides: {decided.describe()}; TRL bf16={bf16}")
     print("left different on the TRL side:\n- " + "\n- ".join(TRL_DIFFERENCES), flush=True)
     results: dict[str, dict[str, list[dict]]] = {}
@@ -435,10 +460,11 @@ def main() -> None:
             side_out.mkdir(parents=True, exist_ok=True)
             print(f"{framework} at {name} settings ({setting.describe()}) ...", flush=True)
             if framework == "looprl":
-                evals = run_looprl(setting, decided.dtype, side_out, args.target, cap_s)
+                evals = run_looprl(setting, decided.dtype, side_out, args.target, cap_s, args.seed)
             else:
+                task_file = out / "task.json"
                 evals = run_trl(
-                    name, bf16, out / "task.json", side_out, args.target, args.cap_min, TRL_PY
+                    name, bf16, task_file, side_out, args.target, args.cap_min, TRL_PY, args.seed
                 )
             results[name][framework] = evals
             print(f"{framework}: {json.dumps(evals)}", flush=True)
@@ -462,6 +488,7 @@ def main() -> None:
             "trl_bf16": bf16,
             "trl_micro_batch": TRL_MICRO_BATCH,
             "trl_side_versions": versions,
+            "seed": {"looprl": args.seed, "trl": TRL_SEED + args.seed},
             "differences_left": TRL_DIFFERENCES,
             "evals": results,
         }
