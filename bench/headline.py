@@ -14,6 +14,7 @@ other parts still run, and the exit status is 1.
     .venv/bin/python bench/headline.py --parts engine lora
     .venv/bin/python bench/headline.py --parts default_job -- train.total_steps=1
     make bench PARTS="engine lora"
+    .venv/bin/python bench/headline.py --results bench/results/avx2   # another CPU's table
 
 Arguments after `--` go to the one part named in --parts (a smoke run with small sizes;
 its rows then replace that part's, and its command says so).
@@ -83,8 +84,17 @@ def main(
         metavar="PART",
         help=f"the parts to run, in this order (default: all): {', '.join(parts)}",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=results,
+        metavar="DIR",
+        help=f"where the summary and logs go (default: {_shown(results)}); another "
+        "folder keeps another machine's table apart, e.g. bench/results/avx2",
+    )
     parser.add_argument("extra", nargs="*", help="after --: more arguments for the one part")
     args = parser.parse_args(argv)
+    results = args.results.resolve()
     if args.extra and len(args.parts) != 1:
         parser.error(
             f"the arguments after -- ({' '.join(args.extra)}) go to one part's script: name "
