@@ -96,6 +96,7 @@ def train(
     from looprl.rewards import RewardFailed
     from looprl.rewards.sandbox import SandboxUnavailable
     from looprl.runs.checkpoint import RecoverError
+    from looprl.scheduling.reachability import NodeUnreachable
 
     _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
     stacks.install_stack_dump()
@@ -105,7 +106,7 @@ def train(
     except (RecoverError, PrecisionError, ConfigError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    except (RewardFailed, SandboxUnavailable) as e:  # a judge that is down, no box here
+    except (RewardFailed, SandboxUnavailable, NodeUnreachable) as e:  # a judge down, no box
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from None
     except Stopped as e:

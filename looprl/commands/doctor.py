@@ -2,8 +2,10 @@
 
 Owns the checks: torch and CUDA, the CPU (kind, ISA flags) and the precision `auto`
 picks for the engine and the trainer with the cost of forcing the other, GPUs visible
-vs what the config uses, NCCL variables, the Ray address and the IP a node would
-announce, the gateway port, disk space for checkpoints, the code reward's sandbox
+vs what the config uses, NCCL variables, the Ray address (RAY_ADDRESS, else
+scheduler.ray_address), whether every node of that cluster answers at the address it
+announced (scheduling/reachability.py), the IP this node would announce, the gateway
+port, disk space for checkpoints, the code reward's sandbox
 (bubblewrap, probed with a real box), and simulator rendering
 (looprl/diagnostics/rendering.py: NVIDIA EGL, Vulkan, MUJOCO_GL as set or as env workers
 pick it, pygame). Each returns a `Check`; nothing here changes the machine.
@@ -28,13 +30,16 @@ MIN_FREE_GB = 5.0
 
 
 def run_checks(cfg: Config) -> list[Check]:
+    ray_address = os.environ.get("RAY_ADDRESS") or cfg.scheduler.ray_address
+    ray_check = check_ray(ray_address)
     return [
         check_torch(),
         check_cpu(),
         *check_precision(cfg),
         check_gpus(),
         check_nccl(),
-        check_ray(os.environ.get("RAY_ADDRESS")),
+        ray_check,
+        *(check_ray_nodes(ray_address) if ray_check.status == "ok" else []),
         check_node_ip(),
         check_port(cfg.gateway.host, cfg.gateway.port),
         check_disk(Path(cfg.run.fileroot)),
@@ -173,7 +178,11 @@ def check_nccl() -> Check:
 
 def check_ray(address: str | None) -> Check:
     if not address or address == "auto":
-        return Check("Ray", "ok", "no RAY_ADDRESS: a Ray scheduler would start a local cluster")
+        return Check(
+            "Ray",
+            "ok",
+            "no RAY_ADDRESS or scheduler.ray_address: a Ray scheduler would start a local cluster",
+        )
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=3):
@@ -186,7 +195,52 @@ def check_ray(address: str | None) -> Check:
             "start the head node (`ray start --head --node-ip-address=IP`) or fix RAY_ADDRESS "
             "to the head's IP:port (6379 by default)",
         )
-    return Check("Ray", "ok", f"RAY_ADDRESS={address} answers")
+    return Check("Ray", "ok", f"{address} answers")
+
+
+def check_ray_nodes(address: str | None) -> list[Check]:
+    """Join the cluster at `address` and try each alive node at the address it announced:
+    one check for the nodes, and a failing one per node this machine cannot reach."""
+    if not address or address == "auto":
+        return []
+    import logging
+
+    import ray
+
+    from looprl.scheduling import reachability
+
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as e:
+        return [Check("Ray nodes", "fail", f"cannot join the cluster at {address}: {e}")]
+    try:
+        nodes = reachability.alive_nodes()
+        dead = sorted({n["NodeManagerAddress"] for n in ray.nodes() if not n["Alive"]})
+    finally:
+        ray.shutdown()
+    bad = reachability.unreachable_nodes(nodes)
+    listed = ", ".join(n.label for n in nodes)
+    detail = f"{len(nodes) - len(bad)} of {len(nodes)} alive node(s) answer: {listed}"
+    checks = [Check("Ray nodes", "ok", detail)]
+    if dead:
+        checks[0] = Check(
+            "Ray nodes",
+            "warn",
+            f"{detail}; Ray marked dead: {', '.join(dead)}",
+            "a node marked dead soon after it joined often announced an address the head "
+            "cannot reach: start it with `ray start --node-ip-address=<an address the head "
+            "reaches>`",
+        )
+    for node, error in bad:
+        checks.append(
+            Check(
+                f"Ray {node.label}",
+                "fail",
+                reachability.unreachable_problem(node, error),
+                reachability.unreachable_fix(address),
+            )
+        )
+    return checks
 
 
 def check_node_ip() -> Check:

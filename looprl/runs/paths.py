@@ -5,6 +5,7 @@
     config.yaml        the resolved config (`looprl train --dry-run` prints the same)
     train.log          the run's log
     driver.pid         the driver's pid (`looprl debug stacks RUN_DIR` finds it there)
+    placement.json     under Ray: where each engine replica and trainer rank runs (node, pid)
     metrics.jsonl      one record per line: train steps, evaluations, samples
     reward.png         the reward plot
     checkpoints/       recover checkpoints (step-N/, `latest`)
@@ -61,6 +62,10 @@ class RunPaths:
     @property
     def driver_pid(self) -> Path:
         return self.root / "driver.pid"
+
+    @property
+    def placement(self) -> Path:
+        return self.root / "placement.json"
 
     @property
     def metrics(self) -> Path:

@@ -23,8 +23,11 @@ Rules, with G the cluster's GPUs, taken in node order (the order `nodes` has;
   unused are named in `Plan.warnings`;
 - placement auto: disaggregated when the GPUs after the trainer's hold the replicas
   asked for (or one), else collocated;
-- no GPUs anywhere: every actor runs on the first node's CPUs, so collocated and
-  disaggregated are the same placement, tensor parallelism is refused, ranks use gloo.
+- no GPUs anywhere: trainer ranks are dealt over the nodes in node order (rank r on
+  node r mod the node count), engine replicas likewise, so a second node's CPUs work
+  rather than idle while the head's are shared (one node: everything on it);
+  collocated and disaggregated are then the same placement, tensor parallelism is
+  refused, ranks use gloo.
 
 What an actor asks Ray for (`Bundle.ray_options()`): its node (`node:<ip>`), a GPU
 share, and the planned GPUs as its CUDA_VISIBLE_DEVICES. Disaggregated actors ask for
@@ -138,11 +141,13 @@ class Plan:
         """A few lines for the log: the placement, then where each actor runs."""
         gpus = sum(n.gpus for n in self.nodes)
         if gpus == 0:
+            used = {b.node_ip for b in (*self.engines, *self.trainers)}
+            where = ", ".join(n.ip for n in self.nodes if n.ip in used)
             head = (
                 f"no GPUs in the cluster: {self.engine_replicas} engine replica(s) and "
-                f"{self.trainer_ranks} trainer rank(s) share the CPUs of node "
-                f"{self.nodes[0].ip}, so collocated and disaggregated place them alike; "
-                "trainer ranks use gloo"
+                f"{self.trainer_ranks} trainer rank(s) on the CPUs of "
+                f"{'node' if len(used) == 1 else 'nodes'} {where}, so collocated and "
+                "disaggregated place them alike; trainer ranks use gloo"
             )
         else:
             head = (
@@ -307,13 +312,16 @@ def _cpu_plan(
             f"engine.tensor_parallel_size={tp}{_from(cfg)} shards the model over GPUs, and "
             f"the Ray cluster has none ({_per_node(nodes)}); on CPU use 1"
         )
-    ip = nodes[0].ip
+
+    def ip(index: int) -> str:
+        return nodes[index % len(nodes)].ip
+
     return Plan(
         "collocated" if placement == "auto" else placement,
         "gloo",
         1,
-        tuple(Bundle("engine", i, ip, (), 0.0) for i in range(replicas)),
-        tuple(Bundle("trainer", r, ip, (), 0.0) for r in range(ranks)),
+        tuple(Bundle("engine", i, ip(i), (), 0.0) for i in range(replicas)),
+        tuple(Bundle("trainer", r, ip(r), (), 0.0) for r in range(ranks)),
         tuple(nodes),
         (),
     )

@@ -16,7 +16,13 @@ TCPStore hosted by rank 0, with `diagnostics.collective_timeout_s` as the collec
 timeout; each runs a `DataParallelTrainer` (FSDP2 when there is more than one) and a
 hang watchdog registered as `rank N`. Every rank gets the same batch (through Ray's
 object store) and takes its share. A rank that fails stops every rank at once, and the
-error raised in the driver is that rank's own traceback.
+error raised in the driver is that rank's own traceback, or, for a rank that died, its
+pid and node (and whether Ray has lost that node).
+
+Before anything is placed, every alive node must answer at the address it announced
+(scheduling/reachability.py): one that does not would leave its actors waiting forever,
+so the run stops at once naming it. Once the actors run, `<run_dir>/placement.json`
+says where each did (kind, index, node, pid; a rank's backend), as they reported it.
 
 Weights reach the replicas (`scheduler.weight_sync`) through Ray's object store
 (`memory`: rank 0 puts the full state dict once, each replica fetches it; on one node
@@ -34,8 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
@@ -49,10 +57,12 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskErr
 from looprl import startup
 from looprl.engines.base import EngineUnavailable
 from looprl.engines.pool import EnginePool
+from looprl.runs.atomic import atomic_write_text
 from looprl.scheduling.parts import Parts, gateway_and_controller, pause_engine_while_training
 from looprl.scheduling.placement import Plan, cluster_nodes, resolve
 from looprl.scheduling.ranks import RankFailed
 from looprl.scheduling.ray_actors import EngineReplica, TrainerRank
+from looprl.scheduling.reachability import check_cluster
 from looprl.startup import Setup
 from looprl.training import lora
 from looprl.training.batch import TrainBatch
@@ -63,6 +73,7 @@ from looprl.workflows.protocol import Workflow
 log = logging.getLogger(__name__)
 
 BLAME_WINDOW_S = 3.0  # after a rank fails, how long the others' failures may take to arrive
+NODE_DEATH_WINDOW_S = 20.0  # after a rank died, how long its node's death may take to show
 COLLOCATED_MEMORY_FRACTION = 0.45  # of a GPU, for a vLLM/SGLang server beside a trainer rank
 
 
@@ -164,6 +175,7 @@ class RankGroup:
     def __init__(self, setup: Setup, ranks: list, weight_sync: str):
         self.setup, self.cfg = setup, setup.cfg
         self.ranks, self.weight_sync = ranks, weight_sync
+        self.infos: list[dict[str, Any]] = [{} for _ in ranks]  # pid, node: set once started
         self.pool: EnginePool | None = None
         self._version = 0
 
@@ -253,19 +265,49 @@ class RankGroup:
                     ray.kill(actor)
                 for f in pending:
                     f.cancel()
-                raise _rank_failed(calls[first], len(self.ranks), first.exception())
+                rank, error = calls[first], first.exception()
+                node = self.infos[rank].get("node")
+                lost = not isinstance(error, RayTaskError) and node and not await _alive(node)
+                raise _rank_failed(rank, len(self.ranks), error, self.infos[rank], lost)
         return [f.result() for f in sorted(calls, key=calls.get)]
 
 
-def _rank_failed(rank: int, world: int, error: BaseException) -> RankFailed:
+def _rank_failed(
+    rank: int, world: int, error: BaseException, info: dict[str, Any], node_lost: bool
+) -> RankFailed:
     if isinstance(error, RayTaskError):
         message = f"trainer rank {rank} of {world} raised; every rank was stopped:\n\n{error}"
         return RankFailed(message, rank, {}, str(error))
-    message = (
-        f"trainer rank {rank} of {world} died ({error}); every rank was stopped. A process "
-        "killed by SIGKILL is often the kernel's out-of-memory killer (see `dmesg`)"
-    )
+    node = info.get("node")
+    if node is None:  # it died starting
+        where, why = "", "A process killed by SIGKILL is often the kernel's out-of-memory killer"
+    elif node_lost:
+        where = f" (pid {info['pid']} on node {node})"
+        why = (
+            f"Ray lost node {node}: the machine, its network or its raylet went away; the "
+            "run can resume from its last checkpoint once the cluster is whole again"
+        )
+    else:
+        where = f" (pid {info['pid']} on node {node})"
+        why = (
+            f"Its node {node} is still in the cluster: a process killed by SIGKILL is often "
+            f"the kernel's out-of-memory killer (see `dmesg` on {node})"
+        )
+    message = f"trainer rank {rank} of {world}{where} died ({error}); every rank was stopped. {why}"
     return RankFailed(message, rank, {}, None)
+
+
+async def _alive(ip: str, wait_s: float = NODE_DEATH_WINDOW_S) -> bool:
+    """Whether Ray still lists node `ip` as alive after `wait_s` (a node whose processes
+    were all killed is marked dead some seconds after its actors are seen dead)."""
+    if ip == ray.util.get_node_ip_address():
+        return True  # this process's own node
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = any(n["Alive"] for n in ray.nodes() if n["NodeManagerAddress"] == ip)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        await asyncio.sleep(0.5)
 
 
 @asynccontextmanager
@@ -287,6 +329,7 @@ async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Pa
     pool: EnginePool | None = None
     group: RankGroup | None = None
     try:
+        check_cluster(cfg.scheduler.ray_address)
         plan = resolve(cfg, cluster_nodes())
         for warning in plan.warnings:
             log.warning("%s", warning)
@@ -308,6 +351,7 @@ async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Pa
             max_restarts = 0
         pool = EnginePool(engines, names=[e.name for e in engines], max_restarts=max_restarts)
         group.pool = pool
+        _write_placement(setup, plan, group, engines)
         apart = plan.placement == "disaggregated" and plan.uses_gpus
         pause = pause_engine_while_training(
             cfg, "Ray replicas on GPUs of their own (disaggregated)" if apart else None
@@ -349,6 +393,7 @@ async def _start_ranks(setup: Setup, plan: Plan, weight_sync: str) -> RankGroup:
         for actor in actors:
             ray.kill(actor)
         raise RankFailed(f"trainer ranks could not start: {e}", 0, {}, None) from e
+    group.infos = infos
     for rank, info in enumerate(infos):
         log.info(
             "Trainer rank %d: pid %s on %s (%s)", rank, info["pid"], info["node"], info["backend"]
@@ -410,6 +455,27 @@ async def _start_engines(setup: Setup, plan: Plan, group: RankGroup) -> list[Ray
             )
         )
     return engines
+
+
+def _write_placement(setup: Setup, plan: Plan, group: RankGroup, engines: list[RayEngine]):
+    """`<run_dir>/placement.json`: where each actor runs, as it reported it (its node's
+    IP and its pid), beside where the plan put it: for a user checking that every node of
+    the cluster got work. Written once at start; a replica restarted later is logged."""
+    actors = [
+        {"kind": "trainer_rank", "index": rank, **info, "planned_node": bundle.node_ip}
+        for rank, (info, bundle) in enumerate(zip(group.infos, plan.trainers, strict=True))
+    ]
+    actors += [
+        {"kind": "engine_replica", "index": i, **e.info, "planned_node": bundle.node_ip}
+        for i, (e, bundle) in enumerate(zip(engines, plan.engines, strict=True))
+    ]
+    report = {
+        "ray_address": setup.cfg.scheduler.ray_address,
+        "placement": plan.placement,
+        "nodes": [{"ip": n.ip, "cpus": n.cpus, "gpus": n.gpus} for n in plan.nodes],
+        "actors": actors,
+    }
+    atomic_write_text(setup.paths.placement, json.dumps(report, indent=1) + "\n")
 
 
 def _threads(plan: Plan, bundles, bundle) -> int:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from looprl.engines.servers.server_engine import ServerEngine
 from looprl.runtime import release_free_memory
 from looprl.scheduling.parts import build_trainer
-from looprl.scheduling.ranks import join_group
+from looprl.scheduling.ranks import join_group, use_interface_of
 from looprl.startup import Setup
 from looprl.training.batch import TrainBatch
 from looprl.types import Generation, LoraAdapter, SamplingParams
@@ -27,6 +27,7 @@ from looprl.types import Generation, LoraAdapter, SamplingParams
 def _actor_setup(setup: Setup, threads: int) -> Setup:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("looprl").setLevel(setup.cfg.run.log_level)
+    use_interface_of(ray.util.get_node_ip_address())  # gloo reaches peers on other nodes
     if threads > 0:
         torch.set_num_threads(threads)
     return setup

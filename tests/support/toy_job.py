@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
-from looprl.config import Config
-from tests.support.tiny_run import metrics_records, tiny_run_config
+from looprl.config import Config, load_config
+from tests.support.tiny_run import metrics_records, tiny_run_overrides
 
 EVEN_TOKEN_AGENT = "tests.support.toy_job:EvenTokenAgent"
 
@@ -28,7 +28,12 @@ class EvenTokenAgent:
 
 def toy_job(model_dir, root, *overrides: str) -> Config:
     """10 steps of 4 x 8 rollouts of 8 tokens, float32, rewarded by EvenTokenAgent."""
-    return tiny_run_config(
+    return load_config(None, toy_job_overrides(model_dir, root, *overrides))
+
+
+def toy_job_overrides(model_dir, root, *overrides: str) -> list[str]:
+    """`toy_job`'s overrides, as `looprl train` takes them on its command line."""
+    return tiny_run_overrides(
         model_dir,
         root,
         f"workflow.path={EVEN_TOKEN_AGENT}",

@@ -132,12 +132,16 @@ def test_explicit_fields_that_agree_with_the_allocation_pass():
     assert resolve(cfg, ONE_NODE).engine_replicas == 2
 
 
-def test_cpu_only_cluster_puts_everything_on_the_first_node_with_gloo(monkeypatch):
+def test_cpu_only_cluster_deals_ranks_and_replicas_over_the_nodes_with_gloo(monkeypatch):
     monkeypatch.delenv(runtime.FORCE_CPU_VARIABLE, raising=False)
     nodes = [Node("192.0.2.2", 0), Node("192.0.2.3", 0)]
-    plan = resolve(config(engine="local", allocation="local:d1+fsdp:d2"), nodes)
-    assert plan.backend == "gloo" and (plan.engine_replicas, plan.trainer_ranks) == (1, 2)
-    assert where((*plan.engines, *plan.trainers)) == [("192.0.2.2", ())] * 3
+    plan = resolve(config(engine="local", allocation="local:d1+fsdp:d3"), nodes)
+    assert plan.backend == "gloo" and (plan.engine_replicas, plan.trainer_ranks) == (1, 3)
+    assert where(plan.engines) == [("192.0.2.2", ())]
+    assert where(plan.trainers) == [("192.0.2.2", ()), ("192.0.2.3", ()), ("192.0.2.2", ())]
+    assert "on the CPUs of nodes 192.0.2.2, 192.0.2.3" in plan.describe()
+    alone = resolve(config(engine="local", engine_replicas=2, trainer_ranks=2), nodes[:1])
+    assert where((*alone.engines, *alone.trainers)) == [("192.0.2.2", ())] * 4
     assert {b.num_gpus for b in (*plan.engines, *plan.trainers)} == {0.0}
     assert "runtime_env" not in plan.engines[0].ray_options()
     assert "collocated and disaggregated place them alike" in plan.describe()
