@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo bench test test-gpu fuzz lint format clean-venv chromium bubblewrap
+.PHONY: demo bench test test-gpu fuzz lint format clean-venv chromium bubblewrap slurm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,10 +20,12 @@ demo: $(STAMP)
 
 # The headline comparisons at HEAD, each beside its baseline (bench/headline.py, ~41 min on
 # 2 cores): bench/results/summary.md and .json, logs in bench/results/logs/. PARTS re-runs
-# some of them (make bench PARTS="engine lora"), keeping the others' rows.
+# some of them (make bench PARTS="engine lora"), keeping the others' rows. RESULTS puts the
+# table elsewhere, keeping another CPU kind's apart (RESULTS=bench/results/avx2).
 PARTS ?=
+RESULTS ?=
 bench: $(STAMP)
-	$(BIN)/python bench/headline.py $(if $(PARTS),--parts $(PARTS))
+	$(BIN)/python bench/headline.py $(if $(PARTS),--parts $(PARTS)) $(if $(RESULTS),--results $(RESULTS))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -57,7 +59,11 @@ chromium:
 bubblewrap:
 	@$(call apt-install,bubblewrap,command -v bwrap >/dev/null 2>&1,the sandbox tests)
 
-test: lint chromium bubblewrap
+# The sbatch template's tests (tests/e2e/test_slurm.py) run a one-node Slurm (and munge).
+slurm:
+	@$(call apt-install,slurm-wlm,[ -x /usr/sbin/slurmctld ],the Slurm tests)
+
+test: lint chromium bubblewrap slurm
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		echo "== engine and training tests on a CPU forced to AVX2 (LOOPRL_FORCE_CPU=avx2) =="; \
 		LOOPRL_FORCE_CPU=avx2 $(BIN)/pytest -q -p no:cacheprovider -m kernels tests; \
