@@ -214,10 +214,11 @@ def check_ray_nodes(address: str | None) -> list[Check]:
     except (ConnectionError, RuntimeError) as e:
         return [Check("Ray nodes", "fail", f"cannot join the cluster at {address}: {e}")]
     try:
-        nodes = reachability.alive_nodes()
-        dead = sorted({n["NodeManagerAddress"] for n in ray.nodes() if not n["Alive"]})
+        listed = ray.nodes()
     finally:
         ray.shutdown()
+    nodes = reachability.alive_nodes(listed)
+    dead = sorted({n["NodeManagerAddress"] for n in listed if not n["Alive"]})
     bad = reachability.unreachable_nodes(nodes)
     listed = ", ".join(n.label for n in nodes)
     detail = f"{len(nodes) - len(bad)} of {len(nodes)} alive node(s) answer: {listed}"

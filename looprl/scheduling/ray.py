@@ -279,16 +279,15 @@ def _rank_failed(
         message = f"trainer rank {rank} of {world} raised; every rank was stopped:\n\n{error}"
         return RankFailed(message, rank, {}, str(error))
     node = info.get("node")
+    where = "" if node is None else f" (pid {info['pid']} on node {node})"
     if node is None:  # it died starting
-        where, why = "", "A process killed by SIGKILL is often the kernel's out-of-memory killer"
+        why = "A process killed by SIGKILL is often the kernel's out-of-memory killer"
     elif node_lost:
-        where = f" (pid {info['pid']} on node {node})"
         why = (
             f"Ray lost node {node}: the machine, its network or its raylet went away; the "
             "run can resume from its last checkpoint once the cluster is whole again"
         )
     else:
-        where = f" (pid {info['pid']} on node {node})"
         why = (
             f"Its node {node} is still in the cluster: a process killed by SIGKILL is often "
             f"the kernel's out-of-memory killer (see `dmesg` on {node})"

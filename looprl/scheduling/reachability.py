@@ -45,11 +45,13 @@ class RayNode:
         return f"{kind} {self.name}" if self.name == self.ip else f"{kind} {self.name} ({self.ip})"
 
 
-def alive_nodes() -> list[RayNode]:
-    """The alive nodes of the Ray cluster this process is connected to (`ray.init` first),
-    the head first."""
-    import ray
+def alive_nodes(listed: list[dict] | None = None) -> list[RayNode]:
+    """The alive nodes among `listed` (`ray.nodes()`, by default of the cluster this
+    process is connected to: `ray.init` first), the head first."""
+    if listed is None:
+        import ray
 
+        listed = ray.nodes()
     nodes = [
         RayNode(
             n["NodeName"],
@@ -57,7 +59,7 @@ def alive_nodes() -> list[RayNode]:
             int(n["NodeManagerPort"]),
             "node:__internal_head__" in n["Resources"],
         )
-        for n in ray.nodes()
+        for n in listed
         if n["Alive"]
     ]
     return sorted(nodes, key=lambda n: not n.head)
