@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds what travels to a GPU machine for `bench/gpu_check.sh` (README: On a GPU), in .gpu/
+# Builds what travels to a GPU machine for `bench/gpu_check.sh` (docs/gpu.md), in .gpu/
 # (ignored by git, so it travels only where a call's carry list names it):
 #
 #   .gpu/wheels/  wheels of what looprl needs to import and run `looprl train` with the

@@ -1,4 +1,4 @@
-"""The GPU check: looprl on one CUDA GPU, every figure in one JSON file (README: On a GPU).
+"""The GPU check: looprl on one CUDA GPU, every figure in one JSON file (docs/gpu.md).
 
 `bench/gpu_check.sh` runs it on a GPU machine that has nothing of looprl's installed and
 no network, in two calls (the default model's GGUF is too big for one call's 64 MiB):

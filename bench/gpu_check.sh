@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (README: On a GPU): looprl on a GPU machine that has torch and transformers
+# The GPU check (docs/gpu.md): looprl on a GPU machine that has torch and transformers
 # but nothing else of looprl's, and no network. Everything else travels from here, built
 # by bench/gpu_bundle.sh into .gpu/: the wheels, and the default model's GGUF in two
 # halves, since the whole does not fit one call's 64 MiB. Hence two calls, the second

@@ -1,6 +1,6 @@
 """looprl: train any LLM agent with reinforcement learning.
 
-The public names, for using looprl from Python (the README's "From Python" section):
+The public names, for using looprl from Python (docs/quickstart.md, "From Python"):
 `load_config` and `Config` (the typed config), `train` (the training loop, async) and
 the `TrainSummary` it returns, and for agents `Workflow` (the protocol) and
 `RLVRWorkflow` (one chat turn scored by a reward function). They are imported on first

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from looprl import memory, precision
+from looprl import extras, memory, precision
 from looprl.config import Config, EngineConfig
 from looprl.engines.local.engine import LocalEngine
 from looprl.engines.local.fused import unsupported_reason
@@ -106,7 +106,9 @@ class Setup:
 def start(cfg: Config, *, train: bool = True) -> Setup:
     """Resolve `cfg` for a command: models, device, precision, run paths. `train`: the
     command trains (a teacher is loaded for train.algorithm=distill). Raises for a model
-    that is not there or a precision this machine cannot run, before anything starts."""
+    that is not there, a setting whose extra is not installed or a precision this machine
+    cannot run, before anything starts."""
+    extras.check_installed(cfg)
     model = resolve_model(cfg.model.path)
     model.tokenizer  # noqa: B018 (read now: a folder without one fails at start-up)
     gpus = cuda_devices()

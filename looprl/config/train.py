@@ -91,7 +91,7 @@ class TrainConfig(Section):
         description="Policy loss: 'ppo' (clipped token ratio, clip-higher), 'gspo' (GSPO: "
         "length-normalized sequence ratio, clipped per sequence), 'cispo' (CISPO: the "
         "clipped token ratio as a stop-gradient weight on a REINFORCE term, no token "
-        "dropped). Formulas and papers in the README's algorithm table.",
+        "dropped). Formulas and papers in the docs' algorithm table (docs/algorithms.md).",
     )
     lr: float = Field(2e-5, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

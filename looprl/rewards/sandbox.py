@@ -26,7 +26,7 @@ Where bubblewrap cannot make a box (not installed, user namespaces forbidden), t
 sandbox refuses to start with the reason and the fix. `isolation=unisolated` is the
 explicit opt-in to running programs without a box, as the user running looprl, with
 resource limits, an empty environment and a temporary work dir only; it warns loudly
-and stops far less (README, Security; tests/support/hostile.py lists what gets out).
+and stops far less (docs/security.md; tests/support/hostile.py lists what gets out).
 
 What comes back is data: whether looprl's harness started (said on a pipe the harness
 closes before the program runs; if not, the box failed: a sandbox error), the records

@@ -15,11 +15,11 @@ steps that run again (`purge_step`).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from looprl import extras
 from looprl.config import ConfigError
 from looprl.runs.paths import RunPaths
 
@@ -43,26 +43,16 @@ class Tracker(Protocol):
         """Flush and close."""
 
 
-# The modules each tracker needs, all installed by its extra.
-_PACKAGES = {
-    "tensorboard": ("tensorboard",),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow", "sqlalchemy", "alembic"),  # the local store is SQLite
-    "trackio": ("trackio",),
-}
-
-
 def check_installed(cfg: Config) -> list[str]:
     """The trackers `metrics.backends` names (jsonl is not one); ConfigError naming the
     extra to install for one whose package is missing (checked before a run starts
-    anything)."""
+    anything). Each tracker's extra has its name (looprl/extras.py)."""
     names = [name for name in dict.fromkeys(cfg.metrics.backends) if name != "jsonl"]
     for name in names:
-        missing = [p for p in _PACKAGES[name] if importlib.util.find_spec(p) is None]
-        if missing:
+        if absent := extras.missing(name):
             raise ConfigError(
-                f"metrics.backends has {name!r} but {', '.join(missing)} is not installed: "
-                f"pip install 'looprl[{name}]', or remove {name} from metrics.backends"
+                f"metrics.backends has {name!r} but {', '.join(absent)} is not installed: "
+                f"{extras.install_line(name)}, or remove {name} from metrics.backends"
             )
     return names
 

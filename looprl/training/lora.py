@@ -13,18 +13,21 @@ adapters while sampling (the engines) nor the folder format (adapters.py).
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model
 from torch import nn
 
 from looprl import adapters
 from looprl.config import LoraConfig
 from looprl.models import load_model
 from looprl.types import LoraAdapter
+
+if TYPE_CHECKING:  # peft is the lora extra, imported only where adapters are added
+    from peft import PeftModel
 
 _ADAPTER = "default"  # peft's adapter name
 _PEFT_PREFIX = "base_model.model."  # where a PeftModel keeps the model it wraps
@@ -33,6 +36,9 @@ _PEFT_PREFIX = "base_model.model."  # where a PeftModel keeps the model it wraps
 def add_adapters(model: nn.Module, cfg: LoraConfig, frozen_dtype: torch.dtype) -> PeftModel:
     """`model` with LoRA adapters (float32) on `cfg.target_modules`, its own weights
     frozen and cast to `frozen_dtype`. The model is changed in place and wrapped."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     model.requires_grad_(False)
     model.to(frozen_dtype)
     try:
@@ -54,7 +60,8 @@ def add_adapters(model: nn.Module, cfg: LoraConfig, frozen_dtype: torch.dtype) -
 
 
 def is_lora(model: nn.Module) -> bool:
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")  # not imported: no model can be one of its
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def adapter_of(model: PeftModel, state: dict[str, torch.Tensor] | None = None) -> LoraAdapter:

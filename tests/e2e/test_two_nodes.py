@@ -103,9 +103,9 @@ def test_doctor_and_run_name_a_node_the_head_cannot_reach(peaked_model_dir, tmp_
 
 def test_worker_node_lost_mid_run_stops_the_run_naming_it(two_nodes, peaked_model_dir, tmp_path):
     """SIGKILL every process of the worker's namespace (its raylet, rank 1, replica 1)
-    after the first steps. A trainer rank's loss stops a data-parallel run (README: a
-    dead rank stops the run naming it); the error names the node, and the driver exits
-    well within the collective timeout."""
+    after the first steps. A trainer rank's loss stops a data-parallel run
+    (docs/diagnosing.md: a dead rank stops the run naming it); the error names the node,
+    and the driver exits well within the collective timeout."""
     overrides = two_node_job(peaked_model_dir, tmp_path, two_nodes.address, "train.total_steps=40")
     cfg = load_config(None, overrides)
     log = tmp_path / "train.out"

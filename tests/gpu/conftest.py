@@ -2,7 +2,7 @@
 
 Every test here takes its device from `device` and runs the same code on the CPU
 (LOOPRL_GPU_TESTS_ON=cpu) as on the GPU; none needs the default model or a tokenizer,
-so `make test-gpu` runs with nothing but the carried wheels (README: On a GPU).
+so `make test-gpu` runs with nothing but the carried wheels (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def skip_reason() -> str | None:
         return None
     return (
         "needs a CUDA GPU: torch.cuda.is_available() is False here; run `make test-gpu` on "
-        f"a GPU machine (README: On a GPU), or {GPU_TESTS_ON}=cpu to run it on this CPU"
+        f"a GPU machine (docs/gpu.md), or {GPU_TESTS_ON}=cpu to run it on this CPU"
     )
 
 

@@ -5,7 +5,7 @@ The hostile suite (tests/support/hostile.py) runs as this user (root in CI) and 
 unprivileged user created for it, in the box and under the opt-in unisolated mode: in
 the box every trick scores 0 and nothing survives; unisolated, the verdict tricks still
 score 0 (the verdict is made outside the program) and the isolation tricks that get out
-are exactly the ones the README lists. Network isolation is tested only against
+are exactly the ones docs/rewards.md lists. Network isolation is tested only against
 listeners the tests open on loopback. Tests that need bubblewrap skip where it is
 missing (make test installs it where it can).
 """
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 LIMITS = dict(timeout_s=8.0, cpu_time_s=2, memory_mb=256, max_processes=16, disk_mb=16)
 
-# What the unisolated mode cannot stop (README, Security): the isolation tricks that
+# What the unisolated mode cannot stop (docs/rewards.md, Code): the isolation tricks that
 # score 1, the one that gets its rollout rejected instead of scored, and what is left.
 UNISOLATED_GETS_OUT = {
     "reads a 0600 file of this user",

@@ -30,6 +30,9 @@ sync_api = pytest.importorskip(
 )
 expect = sync_api.expect
 
+# The whole module runs in make test-slow, which installs Chromium (up to 11 min).
+pytestmark = pytest.mark.browser
+
 STEPS = 20
 ROWS = 32  # 4 groups of 8
 
@@ -38,7 +41,7 @@ ROWS = 32  # 4 groups of 8
 def browser():
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip("no Chromium found: apt-get install chromium (make test does, given apt-get)")
+        pytest.skip("no Chromium found: apt-get install chromium (make test-slow does)")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         yield browser

@@ -1,10 +1,11 @@
-"""README's Architecture map names every module under looprl/, and nothing that is gone.
+"""The docs' architecture map names every module under looprl/, and nothing that is gone.
 
-The map is the fenced block after `## Architecture`. Each top-level entry (a line
-indented by two spaces: `cli.py`, `config/`, ...) owns the lines under it up to the next
-one. A module `a/b/c.py` must be named in the entry of its top-level folder `a/` as
-`c.py`, or as `b/c.py` where two folders hold a file of that name; a top-level module
-as its own entry. Package `__init__.py` files are described by their folder's entry.
+The map is the fenced block that starts with `looprl/` on docs/architecture.md. Each
+top-level entry (a line indented by two spaces: `cli.py`, `config/`, ...) owns the lines
+under it up to the next one. A module `a/b/c.py` must be named in the entry of its
+top-level folder `a/` as `c.py`, or as `b/c.py` where two folders hold a file of that
+name; a top-level module as its own entry. Package `__init__.py` files are described by
+their folder's entry.
 """
 
 import re
@@ -12,13 +13,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "looprl"
+PAGE = ROOT / "docs" / "architecture.md"
 
 
 def map_entries() -> dict[str, str]:
     """Top-level entry name ('cli.py', 'config/') -> the text of its lines."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Architecture\n", 1)[1]
-    block = section.split("```\n", 2)[1]
+    blocks = re.findall(r"^```\n(looprl/\n.*?)^```$", PAGE.read_text(), re.DOTALL | re.MULTILINE)
+    assert len(blocks) == 1, f"{PAGE} should hold one fenced block starting with looprl/"
+    block = blocks[0]
     entries: dict[str, str] = {}
     current = None
     for line in block.splitlines():
@@ -51,7 +53,7 @@ def test_every_module_is_on_the_map():
         names = {module.name, "/".join(module.parts[-2:])}
         if not any(re.search(rf"(?<![\w/]){re.escape(n)}\b", text) for n in names):
             missing.append(str(module))
-    assert not missing, f"modules missing from README's Architecture map: {missing}"
+    assert not missing, f"modules missing from the map in {PAGE}: {missing}"
 
 
 def test_the_map_names_no_module_that_is_gone():
@@ -73,7 +75,7 @@ def test_the_map_names_no_module_that_is_gone():
             ) or (name == "__init__.py")
             if not found:
                 gone.append(f"{folder}/{name}")
-    assert not gone, f"README's Architecture map names modules that are gone: {gone}"
+    assert not gone, f"the map in {PAGE} names modules that are gone: {gone}"
 
 
 def test_the_package_keeps_its_size_limits():
