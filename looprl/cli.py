@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+from rich.text import Text
 
 from looprl.config import Config, ConfigError, load_config
 from looprl.diagnostics import stacks
@@ -31,7 +32,10 @@ app = typer.Typer(
 )
 debug_app = typer.Typer(help="Tools for finding out why something does not work.")
 app.add_typer(debug_app, name="debug")
-console = Console(stderr=True)
+# Messages and logs. Markup is off here and in `_stdout`: what looprl prints is data
+# (paths, values, `pip install 'looprl[envs]'`), in which rich would take `[envs]` for a
+# style and drop it.
+console = Console(stderr=True, markup=False)
 
 ConfigArg = Annotated[str | None, typer.Argument(help="YAML config file (optional).")]
 OverridesArg = Annotated[
@@ -55,7 +59,7 @@ def _config(config: str | None, overrides: list[str] | None) -> Config:
     try:
         return load_config(config, overrides)
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
 
 
@@ -104,10 +108,10 @@ def train(
     try:
         summary = asyncio.run(run_training(cfg))
     except (RecoverError, PrecisionError, ConfigError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
     except (RewardFailed, SandboxUnavailable, NodeUnreachable) as e:  # a judge down, no box
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(1) from None
     except Stopped as e:
         console.print(str(e))
@@ -137,7 +141,7 @@ def sft(
     try:
         check(cfg)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
     _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
     stacks.install_stack_dump()
@@ -145,7 +149,7 @@ def sft(
     try:
         summary = run_sft(cfg)
     except ValueError as e:  # the data: a missing file, no trainable chat
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
     print(summary.line())
 
@@ -166,15 +170,15 @@ def convert_checkpoint(
     from looprl.runs.checkpoint import RecoverError, convert_pickled
 
     if not trust_pickle:
-        console.print(
-            "[red]error:[/red] converting unpickles trainer.pt and state.pkl, which runs any "
-            "code written into them; pass --trust-pickle if nobody else could write there"
+        _error(
+            "converting unpickles trainer.pt and state.pkl, which runs any code written into "
+            "them; pass --trust-pickle if nobody else could write there"
         )
         raise typer.Exit(2)
     try:
         convert_pickled(path)
     except RecoverError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
     print(f"converted {path}: trainer and state now in safetensors + JSON")
 
@@ -192,7 +196,7 @@ def rollout(
     """Run the workflow over dataset rows and write trajectories, without training."""
     cfg = _config(config, overrides)
     if split not in ("train", "eval"):
-        console.print(f"[red]error:[/red] --split={split!r} must be 'train' or 'eval'")
+        _error(f"--split={split!r} must be 'train' or 'eval'")
         raise typer.Exit(2)
     from looprl.commands.collect import collect
 
@@ -244,7 +248,7 @@ def serve(
             no_auth=no_auth,
         )
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
 
 
@@ -254,15 +258,20 @@ def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
     from looprl.commands.doctor import run_checks
 
     cfg = _config(config, overrides)
-    table = Table("check", "status", "detail", "fix", show_lines=False)
+    # The fix goes under the detail, not in a fourth column: the two share the width left
+    # by name and status, so that a path or a command in them fits whole at 80 columns.
+    table = _table("check", "status", "detail and fix")
     colors = {"ok": "green", "warn": "yellow", "fail": "red"}
     checks = run_checks(cfg)
     for c in checks:
-        table.add_row(c.name, f"[{colors[c.status]}]{c.status}[/]", c.detail, c.fix)
-    console.print(table)
+        found = Text(c.detail)
+        if c.fix:
+            found.append(f"\nfix: {c.fix}", style="bold")
+        table.add_row(c.name, Text(c.status, style=colors[c.status]), found)
+    _stdout().print(table)
     failed = [c.name for c in checks if c.status == "fail"]
     if failed:
-        console.print(f"[red]{len(failed)} check(s) failed:[/red] {', '.join(failed)}")
+        console.print(Text(f"{len(failed)} check(s) failed: {', '.join(failed)}", style="red"))
         raise typer.Exit(1)
 
 
@@ -274,15 +283,13 @@ def show(
     group: Annotated[str | None, typer.Option(help="Only the rows of this group id.")] = None,
 ) -> None:
     """Print a trained rollout: its calls, then its tokens coloured by the loss mask."""
-    from rich.markup import escape
-
     from looprl.commands.show import show_rollout
     from looprl.runs.trajectories import TrajectoryFileError
 
     try:
-        show_rollout(run_dir, step=step, index=index, group=group, console=Console())
+        show_rollout(run_dir, step=step, index=index, group=group, console=_stdout())
     except TrajectoryFileError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _error(e, soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -307,7 +314,7 @@ def view(
     try:
         view_runs(run_dirs, host=host, port=port)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
 
 
@@ -319,7 +326,7 @@ def debug_stacks(
     try:
         print(stacks.dump_stacks(stacks.resolve_pid(target)))
     except (ValueError, TimeoutError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
 
 
@@ -369,9 +376,7 @@ def debug_consistency(
     types = [t.strip() for t in engines.split(",") if t.strip()]
     unknown = [t for t in types if t not in ("local", "vllm", "sglang")]
     if not types or unknown:
-        console.print(
-            f"[red]error:[/red] --engines={engines!r}: name engines among local, vllm, sglang"
-        )
+        _error(f"--engines={engines!r}: name engines among local, vllm, sglang")
         raise typer.Exit(2)
     from looprl.commands.consistency import check_consistency
     from looprl.engines.base import EngineError
@@ -380,17 +385,18 @@ def debug_consistency(
     try:
         reports = asyncio.run(check_consistency(cfg, types, samples=samples, worst=worst))
     except EngineError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(1) from None
-    summary = Table(*reports[0].summary(), title="logprobs: engine vs trainer, same tokens")
+    out = _stdout()
+    summary = _table(*reports[0].summary(), title="logprobs: engine vs trainer, same tokens")
     for r in reports:
         summary.add_row(*(_cell(v) for v in r.summary().values()))
-    Console().print(summary)
+    out.print(summary)
     for r in reports:
-        worst_table = Table(*r.worst[0].row(), title=f"worst tokens: {r.engine}")
+        worst_table = _table(*r.worst[0].row(), title=f"worst tokens: {r.engine}")
         for w in r.worst:
             worst_table.add_row(*(_cell(v) for v in w.row().values()))
-        Console().print(worst_table)
+        out.print(worst_table)
     if cfg.sampling.top_k or cfg.sampling.top_p < 1:
         console.print(
             f"note: sampling.top_k={cfg.sampling.top_k}, top_p={cfg.sampling.top_p}: the "
@@ -399,17 +405,38 @@ def debug_consistency(
         )
 
 
+def _error(message: object, soft_wrap: bool = False) -> None:
+    """'error: `message`' on stderr, wrapped at the width, or with `soft_wrap` on one line
+    that the terminal wraps (`looprl show`'s errors are one line)."""
+    console.print(Text.assemble(("error:", "red"), f" {message}"), soft_wrap=soft_wrap)
+
+
+def _stdout() -> Console:
+    """A console for a command's result, made when it prints so that it reads COLUMNS as
+    set then (a test's CliRunner sets it after import)."""
+    return Console(markup=False)
+
+
+def _table(*headers: str, **options) -> Table:
+    """A rich Table whose cells wrap, and fold a word longer than their column, where
+    rich's default cuts it with '…': on a pipe rich assumes 80 columns."""
+    table = Table(**options)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
+
+
 def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _print_stats(title: str, stats: dict) -> None:
-    table = Table(title=title, show_header=False)
+    table = _table("key", "value", title=title, show_header=False)
     for key, value in stats.items():
         if isinstance(value, dict):
             value = json.dumps(value) if value else "-"
         table.add_row(key, _cell(value))
-    Console().print(table)
+    _stdout().print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -99,7 +99,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 trackers=start_trackers(cfg, paths, first_step=first_step),
                 samples_per_step=cfg.metrics.samples_per_step,
             ) as metrics,
-            GracefulStop(paths) as stop,
+            GracefulStop(paths, cfg.recover.mode) as stop,
             HangWatchdog(paths, "driver", cfg.diagnostics) as watchdog,
         ):
             if checkpoint is None:
@@ -157,7 +157,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 if stop.signal is not None or saver.due(step):
                     await saver.save(step)
                 if stop.signal is not None:
-                    raise Stopped(stop.signal, step, paths)
+                    raise Stopped(stop.signal, step, paths, cfg.recover.mode)
                 if (
                     cfg.eval.every_steps
                     and step % cfg.eval.every_steps == 0
@@ -166,12 +166,15 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     metrics.status("evaluating")
                     await evaluate(controller, task.eval, cfg, metrics, step=step)
                 watchdog.beat()  # the step's update, checkpoint and evaluation are done
-            if saver.last_step < cfg.train.total_steps:
+            if cfg.checkpoint.keep_on_finish and saver.last_step < cfg.train.total_steps:
                 await saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
             after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
             plot = metrics.plot()
             model_dir = await trainer.save_model(tokenizer, setup.paths.model)
+    # Only now, with the model saved and every part stopped: a run cut short before this
+    # line (a signal, a crash) keeps its newest checkpoint to resume from.
+    checkpoint_io.finish(paths, keep=cfg.checkpoint.keep_on_finish)
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
     return TrainSummary(
         before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, paths.root, model_dir
@@ -228,6 +231,12 @@ def resume_point(cfg: Config, paths: RunPaths) -> checkpoint_io.Checkpoint | Non
         why = checkpoint_io.describe_missing(paths)
         if cfg.recover.mode == "require":
             raise checkpoint_io.RecoverError(f"recover.mode=require: {why}")
+        if cfg.recover.mode == "auto" and paths.model.is_dir():
+            # A finished trial: training it again here would replace its model.
+            raise checkpoint_io.RecoverError(
+                f"{paths.root} holds a finished run ({why}). Train it again from scratch "
+                "with recover.mode=off, or give this run another run.trial_name"
+            )
         log.info("Starting a new run: %s", "recover.mode=off" if cfg.recover.mode == "off" else why)
         checkpoint_io.set_aside(paths)  # old or damaged ones never mix with the new
         return None
@@ -327,18 +336,20 @@ class Stopped(Exception):
     """Training stopped on a signal: after saving a checkpoint at the end of `step`, or
     (`step` None) at once on a second signal, without one."""
 
-    def __init__(self, signum: int, step: int | None, paths: RunPaths):
+    def __init__(self, signum: int, step: int | None, paths: RunPaths, mode: str):
         self.signum = signum
         name = signal.Signals(signum).name
+        # recover.mode=off (make demo's) would set the checkpoint aside and start over.
+        command = "the same command" if mode != "off" else "the same command with recover.mode=auto"
         if step is None:
             message = (
-                f"stopped at once by a second {name}, without a checkpoint; the same command "
+                f"stopped at once by a second {name}, without a checkpoint; {command} "
                 f"resumes from the last one in {paths.checkpoints}, if any"
             )
         else:
             message = (
                 f"stopped by {name} after step {step}; the checkpoint is in "
-                f"{paths.checkpoints} and the same command resumes from it"
+                f"{paths.checkpoints} and {command} resumes from it"
             )
         super().__init__(message)
 
@@ -347,8 +358,8 @@ class GracefulStop:
     """SIGTERM/SIGINT: finish the step, save, stop. A second one stops at once: the
     training task is cancelled, and leaves this block as `Stopped` (no checkpoint)."""
 
-    def __init__(self, paths: RunPaths) -> None:
-        self.paths = paths
+    def __init__(self, paths: RunPaths, mode: str) -> None:
+        self.paths, self.mode = paths, mode  # recover.mode, for Stopped's message
         self.signal: int | None = None
         self._again = False
 
@@ -364,7 +375,7 @@ class GracefulStop:
             self._loop.remove_signal_handler(signum)
         if self._again and kind is asyncio.CancelledError:
             self._task.uncancel()  # our cancel, answered: the cleanup around goes on
-            raise Stopped(self.signal, None, self.paths) from None
+            raise Stopped(self.signal, None, self.paths, self.mode) from None
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from looprl import precision, runtime, startup
+from looprl import extras, precision, runtime, startup
 from looprl.config import Config
 from looprl.diagnostics.checks import Check
 from looprl.diagnostics.rendering import check_rendering
@@ -203,6 +203,15 @@ def check_ray_nodes(address: str | None) -> list[Check]:
     one check for the nodes, and a failing one per node this machine cannot reach."""
     if not address or address == "auto":
         return []
+    if absent := extras.missing("ray"):
+        return [
+            Check(
+                "Ray nodes",
+                "fail",
+                f"a cluster is named ({address}) but {', '.join(absent)} is not installed",
+                extras.install_line("ray"),
+            )
+        ]
     import logging
 
     import ray

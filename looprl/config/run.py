@@ -69,14 +69,31 @@ class CheckpointConfig(Section):
     save_every_secs: float = Field(
         600.0, ge=0, description="Save when this long has passed since the last save (0: off)."
     )
-    keep_last: int = Field(2, ge=1, description="Valid checkpoints kept; older ones pruned.")
+    keep_last: int = Field(
+        1,
+        ge=1,
+        description="Recover checkpoints kept on disk while the run goes on, newest first "
+        "(each holds the weights and optimizer state: 1.6 GB for SmolLM2-135M); an older one "
+        "is removed only once a newer one is whole. 2 keeps one to fall back on if the "
+        "newest is damaged.",
+    )
+    keep_on_finish: bool = Field(
+        False,
+        description="Keep the recover checkpoints when the run finishes (its model, metrics, "
+        "plot and trajectories are kept either way), the last step's included, e.g. to "
+        "continue the trial later with a larger train.total_steps. A run cut short (signal, "
+        "crash) always keeps its newest.",
+    )
 
 
 class RecoverConfig(Section):
     mode: Literal["auto", "off", "require"] = Field(
         "auto",
         description="auto: resume from the newest valid checkpoint of this experiment and "
-        "trial if there is one; off: start fresh; require: fail if there is none.",
+        "trial if there is one (a finished trial, its model there and no checkpoint, is "
+        "refused rather than trained over); off: start fresh (checkpoints are still saved "
+        "while running, so a run cut short can resume with auto); require: fail if there "
+        "is none.",
     )
 
     @field_validator("mode", mode="before")

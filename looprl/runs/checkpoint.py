@@ -18,16 +18,25 @@ was written into them) is refused with a RecoverError saying how to convert it
 A checkpoint is written into a temporary folder, every file fsynced, MANIFEST.json (size
 and sha256 of every other file) written last, the folder renamed into place and the
 parent fsynced, then `latest` replaced the same way (`atomic_write_text(fsync=True)`;
-the fsyncs are looprl/runs/atomic.py's). Older checkpoints are pruned to `keep_last`
-only after the new one is in place. Loading walks checkpoints newest first and skips,
-with a warning, any whose files do not match their manifest (a kill during a write
-leaves only a `.tmp-*` folder, which is never read). Knows nothing of training: the
-loop hands it a state and gets one back. Its functions take the run directory, its
-root or its RunPaths.
+the fsyncs are looprl/runs/atomic.py's). Loading walks checkpoints newest first and
+skips, with a warning, any whose files do not match their manifest (a kill during a
+write leaves only a `.tmp-*` folder, which is never read).
+
+Pruning (each removal logged with its size and the reason): after a save, the one just
+written and the `keep_last - 1` whole ones before it are kept; older ones go, and so do
+damaged ones older than it and any newer one (left by the run this one resumed
+before, which went further: those steps are being trained again). Nothing is pruned
+when the new one is not whole, so the checkpoint a run resumed from stays until a newer
+whole one exists. A run that finishes removes them all (`finish`) unless asked to keep
+them; a run cut short never reaches `finish` and keeps its newest.
+
+Knows nothing of training: the loop hands it a state and gets one back. Its functions
+take the run directory, its root or its RunPaths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -98,7 +107,8 @@ def save(
     config: dict[str, Any],
     keep_last: int,
 ) -> Path:
-    """Write checkpoint `step` atomically, point `latest` at it, prune old ones."""
+    """Write checkpoint `step` atomically, point `latest` at it, prune to `keep_last`
+    (`checkpoint.keep_last`)."""
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -123,7 +133,7 @@ def save(
     tmp.rename(final)
     fsync_dir(root)
     atomic_write_text(root / "latest", name, fsync=True)
-    _prune(root, keep_last)
+    _prune(root, final, keep_last)
     return final
 
 
@@ -308,6 +318,12 @@ def describe_missing(run_dir: Path | RunPaths) -> str:
         if trial.root != paths.root and any(_candidates(trial.checkpoints))
     )
     hint = f"; checkpoints exist under {', '.join(others)}" if others else ""
+    if paths.model.is_dir():  # the usual case: this trial finished and pruned them
+        hint += (
+            f"; {paths.model} is there: a run here finished and removed its recover "
+            "checkpoints (checkpoint.keep_on_finish=true keeps them, to continue a finished "
+            "trial with a larger train.total_steps)"
+        )
     return f"no checkpoint under {paths.checkpoints}{hint}"
 
 
@@ -354,17 +370,97 @@ def _verified_manifest(path: Path, *, hashes: bool) -> tuple[dict[str, Any], str
     return manifest, None
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, written: Path, keep_last: int) -> None:
+    """After `written` is in place: keep it and the `keep_last - 1` whole checkpoints
+    before it, remove the rest (see the module docstring), each with a log line."""
     # Sizes only: hashing every kept checkpoint again on each save cost ~10 s for
     # SmolLM2's 1.6 GB ones; loading checks the hashes.
-    valid = [p for p in _candidates(root) if verify(p, hashes=False) is None]
-    for old in valid[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
-    # Invalid ones older than the newest valid one can never be chosen again.
-    newest = valid[0] if valid else None
+    problem = verify(written, hashes=False)
+    if problem:  # then the older ones may be all there is to resume from
+        log.warning(
+            "Pruned no recover checkpoint: the new one, %s, is not whole: %s", written, problem
+        )
+        return
+    kept = 1
     for path in _candidates(root):
-        if newest is not None and path < newest and path not in valid:
-            shutil.rmtree(path, ignore_errors=True)
+        if path.name > written.name:
+            _remove(
+                path,
+                f"newer than {written.name}, which this run just wrote: it resumed from an "
+                "earlier checkpoint and trains those steps again",
+            )
+        elif path.name < written.name:
+            problem = verify(path, hashes=False)
+            if problem:
+                _remove(path, f"damaged ({problem}), and {written.name} is newer and whole")
+            elif kept < keep_last:
+                kept += 1
+            else:
+                # Named, as the loop logs the new checkpoint's save after this line.
+                newest = (
+                    f"the newest, {written.name}"
+                    if keep_last == 1
+                    else f"the newest {keep_last}, up to {written.name}"
+                )
+                _remove(path, f"checkpoint.keep_last={keep_last} keeps {newest}")
+
+
+def finish(run_dir: Path | RunPaths, *, keep: bool) -> list[Path]:
+    """The run finished (its model is saved): remove its recover checkpoints unless
+    `keep` (`checkpoint.keep_on_finish`), each with a log line; returns the removed ones.
+    Earlier runs' checkpoints set aside beside them (`set_aside`) are not touched, only
+    named with their size."""
+    root = checkpoints_dir(run_dir)
+    found = _candidates(root)
+    if keep:
+        if found:
+            log.info(
+                "Run finished: kept recover checkpoint%s %s (%s; checkpoint.keep_on_finish=true)",
+                "s" * (len(found) > 1),
+                ", ".join(p.name for p in found),
+                _size_text(sum(_bytes(p) for p in found)),
+            )
+        return []
+    hint = "keep them with checkpoint.keep_on_finish=true"
+    for path in found:
+        _remove(path, hint, finished=True)
+    if root.is_dir():
+        for stale in root.glob(".tmp-*"):  # a write killed in an earlier attempt
+            shutil.rmtree(stale, ignore_errors=True)
+        (root / "latest").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: files looprl did not write
+            root.rmdir()
+    for aside in sorted(root.parent.glob(f"{root.name}.replaced-*")):
+        log.info(
+            "Checkpoints of an earlier run in this folder are still in %s (%s), set aside "
+            "when a new run started here; delete that folder if you do not need them",
+            aside,
+            _size_text(_bytes(aside)),
+        )
+    return found
+
+
+def _remove(path: Path, why: str, *, finished: bool = False) -> None:
+    size = _size_text(_bytes(path))
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # a permission or a busy mount: the run goes on, the user is told
+        log.warning("Could not remove recover checkpoint %s (%s): remove it by hand", path, size)
+    elif finished:
+        log.info("Run finished: removed recover checkpoint %s (%s; %s)", path.name, size, why)
+    else:
+        log.info("Removed recover checkpoint %s (%s): %s", path.name, size, why)
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _size_text(size: int) -> str:
+    """`size` bytes as a person reads it: 1.7 GB, 540 MB, 12 kB (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.{1 if size < 10 * scale else 0}f} {unit}"
+    return f"{size} bytes"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

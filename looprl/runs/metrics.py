@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from looprl.runs.atomic import atomic_write_text
 from looprl.runs.paths import RunPaths
@@ -80,7 +81,9 @@ class Metrics:
             TextColumn("[bold]step"),
             MofNCompleteColumn(),
             BarColumn(bar_width=24),
-            TextColumn("{task.fields[summary]}"),
+            # The summary wraps onto the next line where the terminal or a pipe (80
+            # columns) is too narrow for it: rich's default cuts it with "…".
+            TextColumn("{task.fields[summary]}", table_column=Column(overflow="fold")),
             TimeElapsedColumn(),
             console=self.console,
             disable=not show_progress,

@@ -8,8 +8,11 @@
     placement.json     under Ray: where each engine replica and trainer rank runs (node, pid)
     metrics.jsonl      one record per line: train steps, evaluations, samples
     reward.png         the reward plot
-    checkpoints/       recover checkpoints (step-N/, `latest`)
-    trajectories/      the rollouts each step trained on, as Parquet (step-N.parquet)
+    checkpoints/       recover checkpoints (step_NNNNNN/, `latest`): the newest
+                       checkpoint.keep_last while running; removed when the run finishes
+                       unless checkpoint.keep_on_finish
+    checkpoints.replaced-<time>/  an earlier run's, set aside by a new run in this folder
+    trajectories/      the rollouts each step trained on, as Parquet (step_NNNNNN.parquet)
     frames/            env.frames_every: rendered episodes, <session_id>.gif
     model/             the trained policy (a Hugging Face folder, or a LoRA adapter)
     processes/         one JSON per live looprl process (the hang watchdog's registry)

@@ -1,6 +1,7 @@
 """`looprl doctor` on this machine (no GPU, no EGL); failures forced where they can be."""
 
 import socket
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -89,3 +90,11 @@ def test_the_code_sandbox_fails_only_where_the_config_uses_it(tmp_path, monkeypa
     assert unused.status == "ok" and unused.detail.startswith("not used (reward.type=function)")
     unisolated = load_config(None, ["reward.type=code", "reward.code.isolation=unisolated"])
     assert doctor.check_sandbox(unisolated).status == "warn"
+
+
+def test_a_named_cluster_without_ray_installed_fails_with_the_extra(monkeypatch):
+    # None in sys.modules is Python's own "cannot be imported": find_spec answers None.
+    monkeypatch.setitem(sys.modules, "ray", None)
+    (check,) = doctor.check_ray_nodes("10.0.0.1:6379")
+    assert check.status == "fail" and "ray is not installed" in check.detail
+    assert check.fix == "pip install 'looprl[ray]'"
