@@ -58,7 +58,13 @@ async def test_tiny_model_learns_with_lora_adapters_only(peaked_model_dir, tmp_p
     """model.lora: the engine serves base + adapter (a low-rank term, the base never
     reloaded), the checkpoint holds the adapter, the run ends with an adapter folder and
     the merged model beside it."""
-    cfg = toy_job(peaked_model_dir, tmp_path, "model.lora.rank=8", "model.lora.save_merged=true")
+    cfg = toy_job(
+        peaked_model_dir,
+        tmp_path,
+        "model.lora.rank=8",
+        "model.lora.save_merged=true",
+        "checkpoint.keep_on_finish=true",  # its checkpoint is read below
+    )
     summary = await train(cfg, show_progress=False)
 
     learned_steps(cfg, "LoRA rank 8")

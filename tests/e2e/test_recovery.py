@@ -192,6 +192,7 @@ def _async_command(model_dir: Path, root: Path, trial: str) -> list[str]:
             "eval.size=32",
             "eval.max_new_tokens=8",
             "checkpoint.save_every_steps=1",
+            "checkpoint.keep_last=2",  # the corrupted newest is skipped for the one before
         ),
     ]
 

@@ -41,6 +41,10 @@ from tests.support.tool_model import (
     greedy_config,
 )
 
+# The fixture fine-tunes the tiny model 160 steps on the CLI's prompts: 2.5-5 min on 2
+# cores, past the fast tier's 300 s deadline on a loaded machine.
+pytestmark = pytest.mark.slow
+
 ROW = {"question": "What is 2 + 3?", "answer": 5}
 QUESTIONS = ["What is 2 + 3?", "Add 2 and 3."]
 ADD = f"mcp__{SERVER}__add"

@@ -130,6 +130,7 @@ def test_unisolated_stops_the_verdict_tricks_and_no_more_than_it_says(as_user):
 
 
 @needs_box
+@pytest.mark.slow  # fills each box's budgets in turn: ~45 s on 2 cores
 async def test_budgets_are_per_box(box):
     bomb = (
         "import os, time\nforked = 0\nfor _ in range(200):\n    try:\n"
@@ -240,6 +241,7 @@ def _code_task(tmp_path: Path) -> list[str]:
 
 
 @needs_box
+@pytest.mark.slow  # a training run whose every reward is a sandboxed program: ~20 s
 async def test_code_reward_trains(tiny_run, tmp_path):
     """`looprl train reward.type=code` on a JSONL file: two steps, the counters per step."""
     cfg = tiny_run(

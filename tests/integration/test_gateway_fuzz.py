@@ -225,6 +225,7 @@ def _surrogate_safe_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=True).encode()
 
 
+@pytest.mark.slow  # ~1,000 generated conversations: 70-120 s on 2 cores
 def test_agent_shaped_requests_never_fail_the_server(gateway):
     """Conversations with tool calls whose arguments are anything at all."""
     handle = gateway.call(lambda server: server.open_session())

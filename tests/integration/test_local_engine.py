@@ -123,6 +123,8 @@ async def generate_all(engine, prompts, sampling) -> list[Generation]:
     return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
 
 
+# the real 135M model, ~40 s a case on a 2-core AVX2 CPU
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("temperature", "layout", "kernels"),
     [
