@@ -60,6 +60,7 @@ def site_of(names: set[str], to: Path) -> Path:
     return to
 
 
+@pytest.mark.slow  # a training run and the GGUF conversion: 1.5-3.5 min on 2 cores
 def test_the_default_job_runs_on_the_runtime_install_alone(tiny_model_dir, tmp_path):
     runtime = runtime_distributions()
     assert not {"ray", "peft", "pytest"} & runtime
