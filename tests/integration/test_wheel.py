@@ -56,22 +56,19 @@ def test_the_wheel_of_a_clean_checkout_installs_and_runs(tmp_path):
         check=True,
         timeout=120,
     )
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    where = subprocess.run(
-        [sys.executable, "-c", "import looprl.cli; print(looprl.cli.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+
+    def run_installed(*args) -> str:
+        """stdout of this venv's Python run from outside the checkout, the wheel first."""
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(site)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    where = run_installed("-c", "import looprl.cli; print(looprl.cli.__file__)")
     assert Path(where.strip()).is_relative_to(site), where
-    shown = subprocess.run(
-        [sys.executable, site / "bin" / "looprl", "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    shown = run_installed(site / "bin" / "looprl", "--help")
     assert "train" in shown and "doctor" in shown, shown

@@ -66,10 +66,9 @@ def test_hand_picked_rows_are_what_the_source_says():
         "0",
         "Adapter rank r; 0 (default) trains every weight.",
     )
-    assert by_name["train.lr"].type == "float"
-    assert by_name["train.lr"].bounds == "> 0"
-    assert by_name["train.lr"].default == "2e-05"
-    assert by_name["train.lr"].description == "Peak AdamW learning rate."
+    assert by_name["train.lr"] == Row(
+        "train.lr", "float", "> 0", "2e-05", "Peak AdamW learning rate."
+    )
     assert by_name["engine.memory_fraction"].type == "float | None"
     assert by_name["engine.memory_fraction"].bounds == "> 0, < 1"
     assert by_name["engine.memory_fraction"].default == "None"
