@@ -234,6 +234,7 @@ def step_engine(args) -> dict:
         dtype=decided.dtype,
         weight_layout=decided.weight_layout,
         kernels=decided.kernels,
+        graphs="cuda" if decided.cuda_graphs else "off",
         max_batch_size=prompts_n,
         max_tokens_per_batch=max(kv_tokens, 256),
     )
@@ -257,6 +258,7 @@ def step_engine(args) -> dict:
             ]
         )
         engine_peak = _peak_mib(setup.device)
+        graphs = getattr(engine._runner, "graphs", None)
         await engine.stop()
         tokens = prompts_n * new_tokens
         return {
@@ -268,6 +270,8 @@ def step_engine(args) -> dict:
             "hf_tokens_per_s": round(tokens / hf_s),
             "engine_tokens_per_s": round(tokens / engine_s),
             "engine_vs_hf": round(hf_s / engine_s, 2),
+            "cuda_graphs_captured": graphs.captures if graphs else None,
+            "cuda_graphs_failed": graphs.failed if graphs else None,
             "hf_peak_gpu_mib": hf_peak,
             "engine_peak_gpu_mib": engine_peak,
         }

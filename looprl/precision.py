@@ -195,9 +195,13 @@ class EnginePrecision:
     # The local engine's fused-forward kernels: cpu (oneDNN packing, batched-matmul decode
     # attention) | portable (plain torch: F.linear, scaled_dot_product_attention; any device)
     kernels: str = "cpu"
+    # Decode steps replayed from CUDA graphs (engine.cuda_graphs; the local engine's
+    # fused forward, graphs.py)
+    cuda_graphs: bool = False
 
     def describe(self) -> str:
         kernels = ", portable kernels" if self.kernels == "portable" else ""
+        kernels += ", CUDA graphs" if self.cuda_graphs else ""
         return f"engine {self.dtype}, {self.weight_layout} weights{kernels} ({self.reason})"
 
 
@@ -324,10 +328,17 @@ def decide_engine(
     *,
     remote_url: bool = False,
     requested_kernels: str = "auto",
+    requested_graphs: str = "auto",
 ) -> EnginePrecision:
-    """The engine's dtype, weight layout and kernels for the requested values (each may
-    be 'auto') on the machine `found` describes. Raises PrecisionError for a choice that
-    cannot run here."""
+    """The engine's dtype, weight layout, kernels and CUDA graphs for the requested
+    values (each may be 'auto') on the machine `found` describes. Raises PrecisionError
+    for a choice that cannot run here."""
+    if requested_graphs == "on" and (remote_url or found.device != "cuda"):
+        where = "a server at engine.url" if remote_url else f"{found.device} ({found.capability})"
+        raise PrecisionError(
+            f"engine.cuda_graphs=on replays the local engine's decode steps on a CUDA GPU, "
+            f"and the engine runs on {where}: set engine.cuda_graphs=auto or off"
+        )
     if remote_url:
         if requested_dtype != "auto":
             return EnginePrecision(requested_dtype, "plain", "engine.dtype")
@@ -339,7 +350,9 @@ def decide_engine(
                 f"engine.kernels=cpu are the CPU-tuned kernels (oneDNN) and the engine runs "
                 f"on {found.device} ({found.capability}): set engine.kernels=auto or portable"
             )
-        return replace(_engine_on_gpu(requested_dtype, requested_layout, found), kernels="portable")
+        decided = _engine_on_gpu(requested_dtype, requested_layout, found)
+        graphs = found.device == "cuda" and requested_graphs != "off"
+        return replace(decided, kernels="portable", cuda_graphs=graphs)
     if requested_kernels == "portable":
         if requested_layout == "packed":
             raise PrecisionError(
@@ -464,6 +477,7 @@ def engine_precision(cfg: EngineConfig, found: Probe) -> EnginePrecision:
         found,
         remote_url=cfg.url is not None,
         requested_kernels=cfg.kernels,
+        requested_graphs=cfg.cuda_graphs,
     )
 
 

@@ -71,6 +71,14 @@ class EngineConfig(Section):
         "auto: cpu on a CPU, portable on a GPU. Forcing portable on a CPU runs the code a "
         "GPU runs (slower there: BENCHMARKS.md).",
     )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Replay the local engine's decode steps from CUDA graphs (fused forward, "
+        "portable kernels): each step relaunches its few hundred kernels in one call "
+        "instead of one Python call each, a few graphs per run (one per rounded batch "
+        "size and length), captured as they come up. auto: on with a CUDA GPU, off "
+        "elsewhere; on without one is refused at start.",
+    )
     pause_while_training: Literal["auto", "always", "never"] = Field(
         "auto",
         description="Whether generation pauses while the trainer steps and loads new weights. "
@@ -148,6 +156,7 @@ class EngineConfig(Section):
         ]
         local_only = ["max_batch_size", "max_tokens_per_batch", "batch_wait_ms"]
         local_only += ["prefix_cache_tokens", "impl", "weight_layout", "kernels", "memory_fraction"]
+        local_only += ["cuda_graphs"]
         launch = ["tensor_parallel_size", "gpu_memory_fraction", "kv_cache_gib"]
         launch += ["attention_backend", "max_model_len", "server_args", "venv"]
         for name in changed:

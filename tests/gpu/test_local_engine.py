@@ -103,3 +103,43 @@ async def test_weights_from_a_trainer_on_the_device(model, device, prompts):
         torch.testing.assert_close(torch.tensor(new.logprobs), want, atol=1e-4, rtol=0)
         moved = max(moved, float((forward_logprobs(model, new) - want).abs().max()))
     assert moved > 1e-3, "the update changed no logprob: the engine kept the old weights"
+
+
+async def test_decode_steps_from_cuda_graphs(model, device, prompts):
+    """The engine replaying its decode steps from CUDA graphs (the CPU runs the same static
+    step eagerly) samples what the plain decode samples, captures a graph per rounded
+    shape only, and keeps them across a weight update, which it then serves."""
+    graphs = "cuda" if device.type == "cuda" else "eager"
+    plain = LocalEngine(model, eos_token_ids=[], dtype="float32", kernels="portable")
+    replayed = LocalEngine(
+        model, eos_token_ids=[], dtype="float32", kernels="portable", graphs=graphs
+    )
+    greedy = SamplingParams(NEW_TOKENS, temperature=0)
+    want = await generate_all(plain, prompts, greedy)
+    got = await generate_all(replayed, prompts, greedy)
+    assert [g.output_ids for g in got] == [g.output_ids for g in want]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
+        )
+    captured = replayed._runner.graphs.captures
+    if graphs == "cuda":  # 8 prompts of <= 17 + 24 tokens: rows 8 (then fewer), one width
+        assert 1 <= captured <= 4
+    other = tiny_llama(seed=1).to(device)
+    await replayed.update_weights(other.state_dict(), version=1)
+    await plain.update_weights(other.state_dict(), version=1)
+    after = await generate_all(replayed, prompts, greedy)  # the same shapes as before
+    assert replayed._runner.graphs.captures == captured  # weights written in place
+    want_after = await generate_all(plain, prompts, greedy)
+    assert [g.output_ids for g in after] == [g.output_ids for g in want_after]
+    assert [g.output_ids for g in after] != [g.output_ids for g in got]
+    # Every graph dropped (as when the cache grows), then captured again: into a fresh
+    # pool (torch asserts on one whose graphs are all gone), not the eager fallback.
+    replayed._runner.graphs.clear()
+    again = await generate_all(replayed, prompts, greedy)
+    assert [g.output_ids for g in again] == [g.output_ids for g in after]
+    assert replayed._runner.graphs.failed is None
+    if graphs == "cuda":
+        assert replayed._runner.graphs.captures > captured
+    await plain.stop()
+    await replayed.stop()

@@ -79,19 +79,27 @@ def smol_model(smol_model_dir) -> LlamaForCausalLM:
     return load_model(smol_model_dir)
 
 
-FORWARDS = {  # id -> (engine.impl, engine.weight_layout, engine.kernels)
-    "fused-packed": ("fused", "packed", "cpu"),
-    "fused-plain": ("fused", "plain", "cpu"),
-    "fused-portable": ("fused", "plain", "portable"),
-    "hf": ("hf", "plain", "cpu"),
+FORWARDS = {  # id -> (engine.impl, engine.weight_layout, engine.kernels, graphs)
+    "fused-packed": ("fused", "packed", "cpu", "off"),
+    "fused-plain": ("fused", "plain", "cpu", "off"),
+    "fused-portable": ("fused", "plain", "portable", "off"),
+    # the static decode CUDA graphs replay (graphs.py), run eagerly: the GPU's step here
+    "fused-static": ("fused", "plain", "portable", "eager"),
+    "hf": ("hf", "plain", "cpu", "off"),
 }
 
 
 def forward_engine(model, forward: str, **options) -> LocalEngine:
     """A float32 engine on `model` with the forward FORWARDS names `forward`."""
-    impl, layout, kernels = FORWARDS[forward]
+    impl, layout, kernels, graphs = FORWARDS[forward]
     return LocalEngine(
-        model, dtype="float32", impl=impl, weight_layout=layout, kernels=kernels, **options
+        model,
+        dtype="float32",
+        impl=impl,
+        weight_layout=layout,
+        kernels=kernels,
+        graphs=graphs,
+        **options,
     )
 
 
@@ -686,7 +694,7 @@ def kv_bytes_per_token(config) -> int:
 
 @pytest.mark.parametrize("forward", ["fused-packed", "fused-portable", "hf"])
 async def test_memory_bytes_counts_each_weight_once_and_the_kv_cache(tiny_model, prompts, forward):
-    impl, layout, _ = FORWARDS[forward]
+    impl, layout, *_ = FORWARDS[forward]
     if layout == "packed" and not probe("cpu", *layer_shape(tiny_model.config)).can_pack("float32"):
         pytest.skip("oneDNN cannot pack float32 weights on this CPU")
     engine = forward_engine(tiny_model, forward, eos_token_ids=[])
@@ -714,7 +722,7 @@ async def test_memory_bytes_counts_each_weight_once_and_the_kv_cache(tiny_model,
     await engine.stop()
 
 
-@pytest.mark.parametrize("forward", ["fused-plain", "fused-portable", "hf"])
+@pytest.mark.parametrize("forward", ["fused-plain", "fused-portable", "fused-static", "hf"])
 async def test_set_kv_budget_takes_effect_at_a_step_boundary(tiny_model, prompts, forward):
     """Lowered while two rows run: both finish with what they sample alone, a waiting
     request that no longer fits fails, new requests are validated against the new budget,

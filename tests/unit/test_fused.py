@@ -201,9 +201,11 @@ def test_decode_attention_reads_the_cache_in_place(kernels):
     storages = {t.untyped_storage().data_ptr() for t in (cache.keys, cache.v)}
     for key, value, mask in calls.sdpa:
         assert {t.untyped_storage().data_ptr() for t in (key, value)} == storages
-        assert key.shape == value.shape == (3, kv, 4, d) and key.stride(-1) == 1
+        # 4 columns in use, rounded up to WIDTH_STEP (128) but within the cache's 64
+        assert key.shape == value.shape == (3, kv, 64, d) and key.stride(-1) == 1
         visible = [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]  # slots 0, 1 (free), 2
-        assert mask.shape == (3, 1, 1, 4) and mask[:, 0, 0].int().tolist() == visible
+        assert mask.shape == (3, 1, 1, 64)
+        assert mask[:, 0, 0].int().tolist() == [row + [0] * 60 for row in visible]
 
 
 def last_logits(decoder: FusedDecoder, sequence: list[int]) -> torch.Tensor:

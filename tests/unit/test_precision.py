@@ -170,6 +170,26 @@ def test_gpus():
         decide_engine("auto", "packed", gpu(True))
 
 
+def test_cuda_graphs_are_on_with_a_cuda_gpu_and_refused_elsewhere():
+    on_gpu = decide_engine("auto", "auto", gpu(True))
+    assert on_gpu.cuda_graphs and on_gpu.kernels == "portable"
+    assert on_gpu.describe().startswith(
+        "engine bfloat16, plain weights, portable kernels, CUDA graphs"
+    )
+    assert not decide_engine("auto", "auto", gpu(True), requested_graphs="off").cuda_graphs
+    assert decide_engine("auto", "auto", gpu(True), requested_graphs="on").cuda_graphs
+    for cpu in (avx2_only(), avx512_bf16()):
+        assert not decide_engine("auto", "auto", cpu).cuda_graphs
+        assert not decide_engine("auto", "auto", cpu, requested_kernels="portable").cuda_graphs
+        with pytest.raises(PrecisionError, match="cuda_graphs=on .* runs on cpu .*auto or off"):
+            decide_engine("auto", "auto", cpu, requested_graphs="on")
+    with pytest.raises(PrecisionError, match="cuda_graphs=on .* a server at engine.url"):
+        decide_engine("auto", "auto", gpu(True), remote_url=True, requested_graphs="on")
+    assert not decide_engine("auto", "auto", gpu(True), remote_url=True).cuda_graphs
+    with pytest.raises(ValueError, match="engine.cuda_graphs='on' applies to the local engine"):
+        EngineConfig(type="vllm", url="http://127.0.0.1:8000", cuda_graphs="on")
+
+
 def test_a_server_at_engine_url_gets_bfloat16_weights_whatever_this_machine_runs():
     cfg = EngineConfig(type="vllm", url="http://127.0.0.1:8000")
     decided = engine_precision(cfg, avx2_only())

@@ -105,8 +105,10 @@ class LocalEngine:
 
     `eos_token_ids` end every generation; `decode` (token ids -> text) is needed only
     for requests with stop strings. `version` is the policy version of `model`'s
-    weights. `dtype`, `weight_layout` and `kernels` are what start-up decided (never
-    auto); batching limits and `impl` are described in EngineConfig. An engine serves
+    weights. `dtype`, `weight_layout`, `kernels` and `graphs` are what start-up decided
+    (never auto; graphs "cuda" replays decode steps from CUDA graphs, "eager" runs the
+    same static step without them, "off" the plain decode: graphs.py); batching limits
+    and `impl` are described in EngineConfig. An engine serves
     the one event loop it is first used on.
     """
 
@@ -125,6 +127,7 @@ class LocalEngine:
         version: int = 0,
         impl: str = "auto",
         kernels: str = "cpu",
+        graphs: str = "off",
     ) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(
@@ -171,10 +174,12 @@ class LocalEngine:
                 prefix_cache_tokens,
                 packed=weight_layout == "packed",
                 kernels=kernels,
+                graphs=graphs,
             )
         else:
-            if impl == "auto":
-                log.info("Local engine: Hugging Face forward (%s)", reason)
+            if impl == "auto" or graphs != "off":
+                unused = "; decode steps without CUDA graphs" if graphs != "off" else ""
+                log.info("Local engine: Hugging Face forward (%s)%s", reason, unused)
             self._runner = HFRunner(self._model, max_tokens_per_batch)
         self._eos_token_ids = frozenset(eos_token_ids)
         self._decode = decode
@@ -215,6 +220,7 @@ class LocalEngine:
             dtype=precision.dtype,
             weight_layout=precision.weight_layout,
             kernels=precision.kernels,
+            graphs="cuda" if precision.cuda_graphs else "off",
             max_batch_size=cfg.max_batch_size,
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             batch_wait_ms=cfg.batch_wait_ms,

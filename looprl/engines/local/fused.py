@@ -51,6 +51,11 @@ from looprl.types import LoraAdapter
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 KERNELS = ("cpu", "portable")
+# The portable decode attends to the columns in use rounded up to a multiple of this
+# (masked beyond each row's length). On CUDA, scaled_dot_product_attention's cuDNN kernel
+# builds a plan per new shape: one per decode step cost ~1.5 ms of host time a layer
+# (58% of a step, 256 rows of SmolLM2-135M on an H200, bench/gpu_engine.py).
+WIDTH_STEP = 128
 
 
 def unsupported_reason(cfg: PretrainedConfig) -> str | None:
@@ -333,12 +338,39 @@ class FusedDecoder:
         Returns (B, V) float32 logits for each row's next token.
         """
         b = ids.shape[0]
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         top = int(slots.max()) + 1
         width = int(positions.max()) + 1
+        if self.kernels == "portable":  # a few widths, not one per step: see WIDTH_STEP
+            width = min(-(-width // WIDTH_STEP) * WIDTH_STEP, cache.shape[1])
         # Every slot below `top` attends; row r of the batch is slot slots[r]. When the
         # rows are exactly slots 0..b-1 (the usual case) no scatter/gather is needed.
         in_order = top == b and bool((slots == torch.arange(b, device=slots.device)).all())
+        return self._decode(cache, ids, positions, slots, top, width, in_order)
+
+    @torch.inference_mode()
+    def decode_static(
+        self, cache: SlotCache, ids: torch.Tensor, positions: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        """`decode` with row r in slot r for every slot below len(ids), attending to
+        `width` columns: shapes from ints alone and no host sync, so a CUDA graph can
+        record it (graphs.py). Rows of free slots are fed anything (token 0 at position
+        0): their K/V land in a slot no row holds, and their logits are dropped."""
+        top = ids.shape[0]
+        slots = torch.arange(top, device=ids.device)
+        return self._decode(cache, ids, positions, slots, top, width, in_order=True)
+
+    def _decode(
+        self,
+        cache: SlotCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        top: int,
+        width: int,
+        in_order: bool,
+    ) -> torch.Tensor:
+        b = ids.shape[0]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         columns = torch.arange(width, device=ids.device)
         limit = torch.zeros(top, dtype=torch.long, device=ids.device)
         limit[slots] = positions

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from looprl.engines.local.fused import FusedDecoder
+from looprl.engines.local.graphs import GRAPHS, DecodeGraphs
 from looprl.engines.local.kv_cache import PrefixStore, SlotCache, common_prefix_length
 from looprl.types import LoraAdapter
 
@@ -48,11 +49,21 @@ class FusedRunner:
         *,
         packed: bool = False,
         kernels: str = "cpu",
+        graphs: str = "off",
     ) -> None:
         self._decoder = FusedDecoder(model, packed=packed, kernels=kernels)
         self._model = model  # the base: an adapter is merged into the fused copy only
         self._device = model.device
         self.cache = SlotCache(self._decoder, budget_tokens)
+        # Decode steps: "off" FusedDecoder.decode; "cuda" the static decode replayed from
+        # CUDA graphs; "eager" the same static decode run as is (graphs.py).
+        if graphs not in GRAPHS:
+            raise ValueError(f"graphs={graphs!r} must be one of {', '.join(GRAPHS)}")
+        if graphs != "off" and kernels != "portable":
+            raise ValueError(f"graphs={graphs!r} runs the portable kernels, not {kernels!r}")
+        self.graphs = None
+        if graphs != "off":
+            self.graphs = DecodeGraphs(self._decoder, self.cache, capture=graphs == "cuda")
         self.prefixes = PrefixStore(prefix_cache_tokens) if prefix_cache_tokens else None
         self._slots: list[int] = []  # per row
         self._tokens: list[list[int]] = []  # per row: the tokens whose K/V are in the cache
@@ -60,13 +71,17 @@ class FusedRunner:
 
     def reload(self, model: PreTrainedModel) -> None:
         self._decoder.load(model)
-        if self.prefixes is not None:
-            self.prefixes.clear()
+        self._loaded()
 
     def adapt(self, adapter: LoraAdapter | None) -> None:
         self._decoder.load(self._model, adapter)
+        self._loaded()
+
+    def _loaded(self) -> None:
         if self.prefixes is not None:
             self.prefixes.clear()
+        if self.graphs is not None:
+            self.graphs.weights_loaded()
 
     def set_budget(self, tokens: int) -> None:
         self.cache.budget_tokens = tokens
@@ -147,9 +162,13 @@ class FusedRunner:
         self.prefixes.save(prefix, self.cache, slot)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.tensor([len(t) for t in self._tokens], device=self._device)
-        slots = torch.tensor(self._slots, device=self._device)
-        logits = self._decoder.decode(self.cache, tokens.to(self._device), positions, slots)
+        lengths = [len(t) for t in self._tokens]
+        if self.graphs is not None:
+            logits = self.graphs.decode(tokens, lengths, self._slots)
+        else:
+            positions = torch.tensor(lengths, device=self._device)
+            slots = torch.tensor(self._slots, device=self._device)
+            logits = self._decoder.decode(self.cache, tokens.to(self._device), positions, slots)
         for row, token in zip(self._tokens, tokens.tolist(), strict=True):
             row.append(token)
         return logits
