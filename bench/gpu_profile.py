@@ -25,12 +25,11 @@ import json
 import time
 
 import torch
-import torch.nn.functional as F
 from gpu_engine import SMOLLM2_135M  # beside this file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.engines.local.engine import LocalEngine
-from looprl.engines.local.fused import FusedDecoder, _linear
+from looprl.engines.local.fused import FusedDecoder
 from looprl.engines.local.kv_cache import SlotCache
 from looprl.engines.local.sampling import sample
 from looprl.types import SamplingParams
@@ -51,29 +50,10 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def static_decode(dec: FusedDecoder, cache: SlotCache, ids, positions, b: int, width: int):
-    """FusedDecoder.decode's portable path with rows = slots 0..b-1 and `width` given as
-    ints: no host sync inside, so CUDA graph capture can record it. (What
-    FusedDecoder.decode_static now does; kept as it ran.)"""
-    h, kv, d = dec.num_heads, dec.num_kv_heads, dec.head_dim
-    slots = torch.arange(b, device=ids.device)
-    columns = torch.arange(width, device=ids.device)
-    visible = (columns[None, :] <= positions[:, None])[:, None, None, :]
-    cos, sin = dec._rotary(positions, heads_dim=1)
-    x = F.embedding(ids, dec.embed)
-    for i, layer in enumerate(dec.layers):
-        norm1, wqkv, bqkv, _, _, wo, norm2, wgu, wd = layer
-        qkv = _linear(dec._norm(x, norm1), wqkv, bqkv).view(b, h + 2 * kv, d)
-        q, k = dec._rope(dec._qk(qkv, layer, 1), cos, sin).split((h, kv), dim=1)
-        cache.keys[i, slots, :, positions] = k
-        cache.v[i, slots, :, positions] = qkv[:, h + kv :]
-        query = q.reshape(b, kv, h // kv, d)
-        out = F.scaled_dot_product_attention(
-            query, cache.keys[i, :b, :, :width], cache.v[i, :b, :, :width],
-            attn_mask=visible, scale=1.0,
-        )  # fmt: skip
-        x = x + _linear(out.reshape(b, h * d), wo)
-        x = x + dec._mlp(dec._norm(x, norm2), wgu, wd)
-    return dec._logits(x)
+    """The decode with rows = slots 0..b-1 and `width` given as ints: no host sync
+    inside, so CUDA graph capture can record it. (It ran as a copy of the portable
+    decode with these inputs, which FusedDecoder.decode_static now is.)"""
+    return dec.decode_static(cache, ids[:b], positions[:b], width)
 
 
 def main() -> None:
