@@ -131,8 +131,9 @@ class DecodeGraphs:
         if self._pool is None or not self._graphs:
             # The graphs share one memory pool, which lives only while a graph captured
             # into it does: capturing into a pool whose graphs are all gone fails an
-            # assertion in torch's allocator (seen on an H200, torch 2.11, after the cache
-            # grew and clear() dropped them), so a fresh pool then.
+            # assertion in torch's allocator (seen on an H200, torch 2.11, once clear() had
+            # dropped them all), so a fresh pool then. A dropped pool's memory goes back
+            # to the allocator at its next empty_cache (one runs before it reports OOM).
             self._pool = torch.cuda.graph_pool_handle()
         # One eager run on a side stream first: cuBLAS and cuDNN make their plans and
         # workspaces outside the capture. It writes the same K/V the replay writes.
