@@ -49,13 +49,6 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def static_decode(dec: FusedDecoder, cache: SlotCache, ids, positions, b: int, width: int):
-    """The decode with rows = slots 0..b-1 and `width` given as ints: no host sync
-    inside, so CUDA graph capture can record it. (It ran as a copy of the portable
-    decode with these inputs, which FusedDecoder.decode_static now is.)"""
-    return dec.decode_static(cache, ids[:b], positions[:b], width)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
@@ -119,7 +112,7 @@ def main() -> None:
             1000 * timed(lambda: dec.decode(cache, ids, positions, slots), device, 20), 2
         )
         out["decode_static_eager_ms"] = round(
-            1000 * timed(lambda: static_decode(dec, cache, ids, positions, b, width), device, 20),
+            1000 * timed(lambda: dec.decode_static(cache, ids, positions, width), device, 20),
             2,
         )
         logits = dec.decode(cache, ids, positions, slots)
@@ -134,13 +127,13 @@ def main() -> None:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(3):
-                    static_decode(dec, cache, ids, positions, b, width)
+                    dec.decode_static(cache, ids, positions, width)
             torch.cuda.current_stream(device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                graphed = static_decode(dec, cache, ids, positions, b, width)
+                graphed = dec.decode_static(cache, ids, positions, width)
             out["decode_graph_ms"] = round(1000 * timed(graph.replay, device, 50), 3)
-            eager = static_decode(dec, cache, ids, positions, b, width)
+            eager = dec.decode_static(cache, ids, positions, width)
             graph.replay()
             out["graph_matches_eager"] = bool(torch.allclose(graphed, eager, atol=1e-2))
             for rows in (1, 32):  # does the step's cost scale with rows or stay per launch?

@@ -58,6 +58,12 @@ KERNELS = ("cpu", "portable")
 WIDTH_STEP = 128
 
 
+def attention_width(columns_in_use: int, cache_columns: int) -> int:
+    """The columns a portable decode attends to: those in use rounded up to WIDTH_STEP,
+    within the cache's."""
+    return min(-(-columns_in_use // WIDTH_STEP) * WIDTH_STEP, cache_columns)
+
+
 def unsupported_reason(cfg: PretrainedConfig) -> str | None:
     """Why a model of config `cfg` cannot run on the fused forward, or None when it can."""
     if cfg.model_type not in SUPPORTED:
@@ -341,7 +347,7 @@ class FusedDecoder:
         top = int(slots.max()) + 1
         width = int(positions.max()) + 1
         if self.kernels == "portable":  # a few widths, not one per step: see WIDTH_STEP
-            width = min(-(-width // WIDTH_STEP) * WIDTH_STEP, cache.shape[1])
+            width = attention_width(width, cache.shape[1])
         # Every slot below `top` attends; row r of the batch is slot slots[r]. When the
         # rows are exactly slots 0..b-1 (the usual case) no scatter/gather is needed.
         in_order = top == b and bool((slots == torch.arange(b, device=slots.device)).all())

@@ -1,10 +1,10 @@
 """The fused decode step replayed from CUDA graphs (engine.cuda_graphs).
 
 Why. On a GPU a decode step of a small model is the host's: 30 layers of ~20 kernels
-each, every one launched from Python. Measured on one H200 (bench/gpu_engine.py, 256
+each, every one launched from Python. Measured on one H200 (bench/gpu_profile.py, 256
 rows of SmolLM2-135M, bf16, portable kernels): 26 ms a step eager, 5 ms replayed from
-one CUDA graph, for ~1 ms of kernels. A graph records the kernels once and relaunches
-them all in one call.
+one CUDA graph (so its kernels take 5 ms at most). A graph records the kernels once and
+relaunches them all in one call.
 
 How. A graph replays fixed shapes and addresses, so the step runs `FusedDecoder.
 decode_static`: row r is slot r for every slot below `top` (free slots are fed token 0
@@ -32,7 +32,7 @@ import logging
 
 import torch
 
-from looprl.engines.local.fused import WIDTH_STEP, FusedDecoder
+from looprl.engines.local.fused import FusedDecoder, attention_width
 from looprl.engines.local.kv_cache import SlotCache
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class DecodeGraphs:
         cache, device = self._cache, self._decoder.device
         have_slots, have_columns = cache.shape
         top = min(rows_bucket(max(slots) + 1), have_slots)
-        width = min(-(-(max(positions) + 1) // WIDTH_STEP) * WIDTH_STEP, have_columns)
+        width = attention_width(max(positions) + 1, have_columns)
         layout = (cache.v.untyped_storage().data_ptr(), have_slots, have_columns)
         if layout != self._layout:
             self.clear()
@@ -95,11 +95,11 @@ class DecodeGraphs:
             self._ids = torch.zeros(have_slots, dtype=torch.long, device=device)
             self._positions = torch.zeros(have_slots, dtype=torch.long, device=device)
             self._logits = torch.zeros(have_slots, vocab, dtype=torch.float32, device=device)
-        rows = torch.tensor(slots, device=device)
+        rows, at = torch.tensor((slots, positions), device=device)  # one upload a step
         self._ids[:top].zero_()
         self._positions[:top].zero_()
         self._ids[rows] = tokens.to(device)
-        self._positions[rows] = torch.tensor(positions, device=device)
+        self._positions[rows] = at
         graph = self._graphs.get((top, width)) if self._capture else None
         if graph is None and self._capture:
             try:
