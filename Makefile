@@ -10,17 +10,22 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 PIP_FIND_LINKS ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
-UV_PIP = $(BIN)/uv pip install -q --python $(BIN)/python \
+UV_PIP = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
 	$(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 
 .PHONY: demo bench docs test test-slow test-gpu fuzz lint format clean-venv chromium \
 	bubblewrap slurm
 
+# The venv gets no pip of its own where $(PY) has one (ensurepip's copy takes ~7 s): that
+# pip puts uv into it.
 $(BIN)/python:
-	$(PY) -m venv $(VENV)
+	if $(PY) -m pip --version >/dev/null 2>&1; then $(PY) -m venv --without-pip $(VENV); \
+	else $(PY) -m venv $(VENV); fi
 
 $(BIN)/uv: | $(BIN)/python
-	$(BIN)/pip install -q --disable-pip-version-check uv
+	if [ -x $(BIN)/pip ]; then $(BIN)/pip install -q --disable-pip-version-check uv; \
+	else $(PY) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+		--prefix $(VENV) uv; fi
 
 $(RUNTIME): pyproject.toml | $(BIN)/uv
 	$(UV_PIP) torch==2.13.0 -e .

@@ -80,7 +80,7 @@ def test_the_default_job_runs_on_the_runtime_install_alone(tiny_model_dir, tmp_p
     (run_dir,) = {p.parent for p in tmp_path.rglob("metrics.jsonl")}
     assert len(metrics_records(run_dir, "train")) == 2  # both steps trained
 
-    # The default model's first use converts its GGUF (transformers needs accelerate).
+    # The default model's first use converts its GGUF.
     converted = subprocess.run(
         [sys.executable, "-S", "-c", "from looprl.models import default_model_dir as d; d()"],
         env={
