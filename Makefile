@@ -56,7 +56,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Two tiers, which CI (.ci/run) both runs: `make test` (~21 min on 2 AVX2 cores) and
+# Two tiers, which CI (.ci/run) both runs: `make test` (~17 min on 2 AVX2 cores) and
 # `make test-slow`, the tests marked slow (real learning runs, vLLM server restarts,
 # SIGKILL campaigns, two Ray nodes, Slurm) or browser (Chromium, whose install alone
 # can take 11 min). In each, on a CPU with AVX-512, the engine and training tests run

@@ -1,17 +1,28 @@
-"""The Ray scheduler on this CPU: engine replicas and trainer ranks as real Ray actors
-(a local Ray started by the run), the driver keeping the gateway and the controller."""
+"""The Ray scheduler on this CPU: engine replicas and trainer ranks as real Ray actors,
+the driver keeping the gateway and the controller.
+
+The first test's run starts a local Ray of its own and shuts it down, as `looprl train
+scheduler.type=ray` does; the others join one local Ray that this module starts once
+(`local_ray`: a start costs ~10-20 s of the 2-core test machine), which a run leaves up,
+and each must leave no actor of its own running in it. Module, not session, scope:
+tests/e2e/test_two_nodes.py needs a process that is not connected to any Ray.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
 import signal
+import time
 
 import httpx
+import psutil
 import pytest
+import ray
 from openai import AsyncOpenAI
 
 from looprl import startup
@@ -25,37 +36,6 @@ from looprl.training.batch import build_batch
 from tests.support.toy_job import learned_steps, toy_job
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.mark.parametrize("weight_sync", ["memory", "broadcast", "memory, LoRA"])
-async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
-    peaked_model_dir, tmp_path, weight_sync
-):
-    """The toy reward of tests/support/toy_job.py (fraction of even token ids), trained
-    by 2 gloo ranks (FSDP2) with 2 engine replicas behind the gateway; new weights reach
-    the replicas through Ray's object store, or broadcast in buckets from rank 0 (gloo
-    here, the NCCL path on GPUs); with model.lora the ranks gather the adapter only and
-    the replicas apply it."""
-    lora = weight_sync.endswith("LoRA")
-    cfg = toy_job(
-        peaked_model_dir,
-        tmp_path,
-        "scheduler.type=ray",
-        "scheduler.engine_replicas=2",
-        "scheduler.trainer_ranks=2",
-        f"scheduler.weight_sync={weight_sync.split(',')[0]}",
-        "scheduler.bucket_mb=1",  # several buckets
-        # Adapters learn slower here than in one process (CI: eval 0.28 -> 0.5 at 3e-3).
-        *(["model.lora.rank=8", "train.lr=6e-3"] if lora else []),
-    )
-    summary = await train(cfg, show_progress=False)
-
-    steps = learned_steps(cfg, f"ray, 2 replicas, 2 ranks, {weight_sync}")
-    assert [r["staleness_max"] for r in steps] == [0] * 10
-    names = {p.name for p in registered(cfg.run_dir)}
-    assert {"rank-0", "rank-1", "engine-0", "engine-1", "driver"} <= names, names
-    weights = "adapter_model.safetensors" if lora else "model.safetensors"
-    assert (summary.model_dir / weights).is_file()
 
 
 class LongAnswer:
@@ -74,6 +54,10 @@ class LongAnswer:
 async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_other(
     tiny_model_dir, tmp_path
 ):
+    """On a local Ray that the run starts and shuts down itself (the module's first
+    test, before `local_ray` starts the one the others share), unless this process
+    already had one, which the run joins and leaves up."""
+    ours = not ray.is_initialized()
     cfg = load_config(
         None,
         [
@@ -114,8 +98,82 @@ async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_
         # The pool goes on with the survivor: its version, and new requests, are its own.
         again = await parts.controller.rollout_batch(rows[:2], group_size=1)
         assert again.stats()["completed"] == 2
+    assert ray.is_initialized() != ours  # a Ray it started is shut down, else left up
 
 
+ACTORS = ("ray::EngineReplica", "ray::TrainerRank")  # the titles of looprl's actors
+
+
+def _actor_processes() -> list[psutil.Process]:
+    """looprl's actors among this process's descendants (the local Ray's workers)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile
+            if "".join(child.cmdline()[:1]).startswith(ACTORS):  # "ray::TrainerRank.stop"
+                found.append(child)
+    return found
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module's runs, started as `start_ray_actors` starts one (or
+    the one this process already has, left up)."""
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def shared_ray(local_ray):
+    """`local_ray` for one test, which must leave none of its actors running there (its
+    stop kills them; until now the end of its own Ray did)."""
+    yield
+    deadline = time.monotonic() + 30  # ray.kill returns before the process is gone
+    while (left := _actor_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    said = [p.cmdline() for p in left]
+    for process in left:  # the next test starts without them
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    assert not left, f"actors still running after the run: {said}"
+
+
+@pytest.mark.usefixtures("shared_ray")
+@pytest.mark.parametrize("weight_sync", ["memory", "broadcast", "memory, LoRA"])
+async def test_default_job_on_ray_with_two_replicas_and_two_ranks_learns(
+    peaked_model_dir, tmp_path, weight_sync
+):
+    """The toy reward of tests/support/toy_job.py (fraction of even token ids), trained
+    by 2 gloo ranks (FSDP2) with 2 engine replicas behind the gateway; new weights reach
+    the replicas through Ray's object store, or broadcast in buckets from rank 0 (gloo
+    here, the NCCL path on GPUs); with model.lora the ranks gather the adapter only and
+    the replicas apply it."""
+    lora = weight_sync.endswith("LoRA")
+    cfg = toy_job(
+        peaked_model_dir,
+        tmp_path,
+        "scheduler.type=ray",
+        "scheduler.engine_replicas=2",
+        "scheduler.trainer_ranks=2",
+        f"scheduler.weight_sync={weight_sync.split(',')[0]}",
+        "scheduler.bucket_mb=1",  # several buckets
+        # Adapters learn slower here than in one process (CI: eval 0.28 -> 0.5 at 3e-3).
+        *(["model.lora.rank=8", "train.lr=6e-3"] if lora else []),
+    )
+    summary = await train(cfg, show_progress=False)
+
+    steps = learned_steps(cfg, f"ray, 2 replicas, 2 ranks, {weight_sync}")
+    assert [r["staleness_max"] for r in steps] == [0] * 10
+    names = {p.name for p in registered(cfg.run_dir)}
+    assert {"rank-0", "rank-1", "engine-0", "engine-1", "driver"} <= names, names
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
+    assert (summary.model_dir / weights).is_file()
+
+
+@pytest.mark.usefixtures("shared_ray")
 async def test_a_killed_trainer_rank_stops_every_rank_and_is_named(tiny_model_dir, tmp_path):
     """SIGKILL one of two gloo ranks; the next step fails at once (not after the
     collective timeout), names that rank, and leaves no rank running."""
@@ -149,6 +207,7 @@ async def test_a_killed_trainer_rank_stops_every_rank_and_is_named(tiny_model_di
         assert not ranks[0].alive()
 
 
+@pytest.mark.usefixtures("shared_ray")
 async def test_the_only_engine_replica_killed_mid_rollout_is_restarted_and_training_goes_on(
     tiny_model_dir, tmp_path, caplog
 ):
