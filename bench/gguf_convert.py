@@ -22,10 +22,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from looprl import models
 
 
-def ours(gguf: Path, out: Path) -> None:
-    models._convert_gguf(gguf, out)
-
-
 def transformers_gguf(gguf: Path, out: Path) -> None:
     """What looprl did before: transformers reads the GGUF for each of config, model and
     tokenizer; its model refuses save_pretrained, so the weights go into a plain one."""
@@ -52,8 +48,9 @@ def main() -> None:
     gguf = models._gguf_path()
     times: dict[str, list[float]] = {"looprl": [], "transformers": []}
     with tempfile.TemporaryDirectory() as tmp:
+        sides = (("looprl", models._convert_gguf), ("transformers", transformers_gguf))
         for i in range(args.repeats):
-            for name, convert in (("looprl", ours), ("transformers", transformers_gguf)):
+            for name, convert in sides:
                 out = Path(tmp) / f"{name}-{i}"
                 start = time.perf_counter()
                 convert(gguf, out)

@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from looprl import adapters
@@ -145,7 +146,7 @@ def _convert_gguf(gguf_file: Path, out: Path) -> None:
         for role, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
         if f"tokenizer.ggml.{key}_token_id" in meta
     }
-    config = transformers.LlamaConfig(
+    config = LlamaConfig(
         vocab_size=meta.get("llama.vocab_size", len(tokens)),
         hidden_size=hidden,
         intermediate_size=meta["llama.feed_forward_length"],
@@ -204,12 +205,12 @@ def _unpermute_rotary(weight, heads: int):
 def _gguf_tokenizer(meta: dict, special_ids: dict[str, int]) -> PreTrainedTokenizerBase:
     """The byte-level BPE tokenizer a GGUF describes: its vocabulary and merges, its
     control tokens (token type 3) as special tokens, its chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
 
     tokens = meta["tokenizer.ggml.tokens"]
     merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
-    bpe = models.BPE(
+    bpe = BPE(
         {token: i for i, token in enumerate(tokens)},
         merges,
         continuing_subword_prefix="",
