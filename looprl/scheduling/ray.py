@@ -309,6 +309,18 @@ async def _alive(ip: str, wait_s: float = NODE_DEATH_WINDOW_S) -> bool:
         await asyncio.sleep(0.5)
 
 
+def init_ray(address: str | None) -> None:
+    """Connect this process to Ray as a run does: a local Ray on all this machine's CPUs
+    (address None), or the cluster at `address`."""
+    log.info("Starting Ray" if address is None else f"Joining the Ray cluster at {address}")
+    ray.init(
+        address=address,
+        num_cpus=os.cpu_count() if address is None else None,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+
+
 @asynccontextmanager
 async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Parts]:
     """Engine replicas and trainer ranks as Ray actors; gateway and controller here."""
@@ -316,14 +328,7 @@ async def start_ray_actors(setup: Setup, workflow: Workflow) -> AsyncIterator[Pa
     weight_sync = "broadcast" if cfg.scheduler.weight_sync == "broadcast" else "memory"
     started = not ray.is_initialized()
     if started:
-        address = cfg.scheduler.ray_address
-        log.info("Starting Ray" if address is None else f"Joining the Ray cluster at {address}")
-        ray.init(
-            address=address,
-            num_cpus=os.cpu_count() if address is None else None,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+        init_ray(cfg.scheduler.ray_address)
     engines: list[RayEngine] = []
     pool: EnginePool | None = None
     group: RankGroup | None = None

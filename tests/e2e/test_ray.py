@@ -31,7 +31,8 @@ from looprl.diagnostics.watchdog import registered
 from looprl.engines.servers.process import free_port
 from looprl.loop import train
 from looprl.scheduling.ranks import RankFailed
-from looprl.scheduling.ray import start_ray_actors
+from looprl.scheduling.ray import init_ray, start_ray_actors
+from looprl.scheduling.ray_actors import EngineReplica, TrainerRank
 from looprl.training.batch import build_batch
 from tests.support.toy_job import learned_steps, toy_job
 
@@ -101,7 +102,8 @@ async def test_killed_engine_replica_is_detected_and_its_requests_finish_on_the_
     assert ray.is_initialized() != ours  # a Ray it started is shut down, else left up
 
 
-ACTORS = ("ray::EngineReplica", "ray::TrainerRank")  # the titles of looprl's actors
+# The process titles of looprl's actors ("ray::TrainerRank.stop" while one stops).
+ACTORS = tuple(f"ray::{actor.__name__}" for actor in (EngineReplica, TrainerRank))
 
 
 def _actor_processes() -> list[psutil.Process]:
@@ -109,19 +111,19 @@ def _actor_processes() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile
-            if "".join(child.cmdline()[:1]).startswith(ACTORS):  # "ray::TrainerRank.stop"
+            if "".join(child.cmdline()[:1]).startswith(ACTORS):
                 found.append(child)
     return found
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray for the module's runs, started as `start_ray_actors` starts one (or
-    the one this process already has, left up)."""
+    """One local Ray for the module's runs, started as a run starts one (or the one this
+    process already has, left up)."""
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING)
+    init_ray(None)
     yield
     ray.shutdown()
 
