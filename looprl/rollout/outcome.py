@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from looprl.rollout.staleness import sample_staleness
@@ -26,13 +28,15 @@ Status = Literal["completed", "rejected", "failed", "timed_out"]
 @dataclass(frozen=True)
 class WorkflowRun:
     """One call of a workflow: `value` what it returned (status completed), else `error`
-    ("Type: message")."""
+    ("Type: message") and, for an exception the workflow raised, `traceback`: its frames
+    from the workflow's own code down (`user_traceback`)."""
 
     status: Literal["completed", "failed", "timed_out"]
     value: Any
     error: str | None
     started: float  # time.monotonic() at the start
     elapsed_s: float
+    traceback: str | None = None
 
 
 async def run_workflow(
@@ -59,10 +63,34 @@ async def run_workflow(
     except TimeoutError:
         error = f"TimeoutError: no result after {timeout_s} s"
         return WorkflowRun("timed_out", None, error, start, time.monotonic() - start)
-    except Exception as e:  # user code: count it, never stop the run
+    except Exception as e:  # user code: counted; the failure budget decides what stops
         error = f"{type(e).__name__}: {e}"
-        return WorkflowRun("failed", None, error, start, time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        return WorkflowRun("failed", None, error, start, elapsed, user_traceback(e))
     return WorkflowRun("completed", value, None, start, time.monotonic() - start)
+
+
+# Frames of these folders above the workflow's own are how it was called, not what failed.
+_CALLERS = (str(Path(__file__).parents[1]), str(Path(asyncio.__file__).parent))
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback of `error` as Python prints it, without the frames of looprl and
+    asyncio that called the workflow: it starts at the workflow's own code (a frame of
+    theirs below it, e.g. the openai client's, stays). Chained exceptions are kept."""
+    frames = traceback.extract_tb(error.__traceback__)
+    first = next(
+        (i for i, f in enumerate(frames) if not f.filename.startswith(_CALLERS)), len(frames)
+    )
+    lines = traceback.format_exception(error)
+    # format_exception puts the last exception's frames after "Traceback ..." at the end;
+    # only those are trimmed: a chained cause's frames are all the user's.
+    own = traceback.format_list(frames[first:])
+    tail = traceback.format_exception_only(error)
+    head_end = len(lines) - len(frames) - len(tail)
+    if lines[head_end : head_end + len(frames)] != traceback.format_list(frames):
+        return "".join(lines)  # a recursion's "[Previous line repeated ...]": all of it
+    return "".join(lines[:head_end] + own + tail)
 
 
 def check_reward(
