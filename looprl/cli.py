@@ -334,29 +334,41 @@ def debug_stacks(
 def debug_workflow(
     config: ConfigArg = None,
     overrides: OverridesArg = None,
-    base_url: Annotated[str, typer.Option(help="Any OpenAI-compatible server's /v1 URL.")] = (
-        "http://127.0.0.1:8000/v1"
-    ),
-    api_key: Annotated[str, typer.Option(help="API key sent to the server.")] = "none",
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Any OpenAI-compatible server's /v1 URL; left out, the engine starts here "
+            "and every call is recorded and shown."
+        ),
+    ] = None,
+    api_key: Annotated[str, typer.Option(help="API key sent to --base-url.")] = "none",
     model: Annotated[str | None, typer.Option(help="Model name; default model.name.")] = None,
     concurrency: Annotated[int, typer.Option(help="Concurrent rollouts after the first.")] = 8,
 ) -> None:
-    """Run the workflow against a server: one row, then N concurrent; report what broke."""
+    """Run the workflow once, then N at once: each call's transcript, the reward, the
+    workflow's traceback, and what would break training (exit code 1)."""
     cfg = _config(config, overrides)
-    from looprl.commands.collect import debug_workflow as run_debug
+    from looprl.commands.workflow_check import ServerUnreachable, check_workflow
 
     _setup_logging(cfg.run.log_level)
-    report = asyncio.run(
-        run_debug(
-            cfg,
-            base_url=base_url,
-            api_key=api_key,
-            model=model or cfg.model.name,
-            concurrency=concurrency,
+    try:
+        check = asyncio.run(
+            check_workflow(
+                cfg,
+                base_url=base_url,
+                api_key=api_key,
+                model=model or cfg.model.name,
+                concurrency=concurrency,
+                console=_stdout(),
+            )
         )
-    )
-    _print_stats("workflow check", report)
-    if report["errors"]:
+    except ServerUnreachable as e:
+        _error(e)
+        raise typer.Exit(1) from None
+    _print_stats("workflow check", check.stats)
+    for problem in check.problems:
+        _error(problem)
+    if check.problems:
         raise typer.Exit(1)
 
 

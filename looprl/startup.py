@@ -125,7 +125,7 @@ def start(cfg: Config, *, train: bool = True) -> Setup:
         judge = serve_on_local_engine(cfg.reward.judge.model, EngineConfig(), cfg.run.device)
     plan = _memory_plan(cfg, model, device, decided, train=train)
     setup = Setup(cfg, model, device, decided, RunPaths(cfg.run_dir), plan, teacher, judge)
-    log.info("%s (%s)", describe(setup), why)
+    log.info("%s (%s)", describe(setup, train=train), why)
     log.info("%s", plan.describe())
     return setup
 
@@ -232,23 +232,28 @@ def decide_device(setting: str, cuda: list[str]) -> tuple[torch.device, str]:
     return torch.device("cuda", index), f"run.device={setting}"
 
 
-def describe(setup: Setup) -> str:
-    """The start-up log line: what runs where, in what precision, and why."""
+def describe(setup: Setup, *, train: bool = True) -> str:
+    """The start-up log line: what runs where, in what precision, and why. Without
+    `train` (`looprl rollout`, `debug workflow`) it names neither the trainer nor the run
+    dir, which such a command does not create."""
     adapter = f", LoRA adapter {setup.model.adapter}" if setup.model.adapter else ""
+    engine = f"Precision: {setup.precision.engine.describe()}"
+    precision = setup.precision.line() if train else engine
     return (
         f"Start-up: model {setup.model.name} ({setup.model.context_length} tokens of "
-        f"context{adapter}); {placement(setup.cfg, setup.device)}; {setup.precision.line()}; "
-        f"run dir {setup.paths.root}"
+        f"context{adapter}); {placement(setup.cfg, setup.device, train=train)}; {precision}"
+        + (f"; run dir {setup.paths.root}" if train else "")
     )
 
 
-def placement(cfg: Config, device: torch.device) -> str:
+def placement(cfg: Config, device: torch.device, *, train: bool = True) -> str:
     """Which part runs where: 'engine (local) and trainer on cuda:0 (NVIDIA H100 80GB HBM3)'."""
     where = describe_device(device)
+    trainer = " and trainer" if train else ""
     if cfg.engine.type == "local":
-        return f"engine (local) and trainer on {where}"
+        return f"engine (local){trainer} on {where}"
     server = "its server's devices" if cfg.engine.url else "the server it launches"
-    return f"engine ({cfg.engine.type}) on {server}, trainer on {where}"
+    return f"engine ({cfg.engine.type}) on {server}" + (f", trainer on {where}" if train else "")
 
 
 def describe_device(device: torch.device) -> str:

@@ -81,21 +81,29 @@ def show_rollout(
     if frames.is_file():  # saved by env.frames_every
         console.print(Text(f"frames: {frames}", style="cyan"))
     for k, call in enumerate(row["calls"]):
-        console.print(Rule(f"call {k + 1}: {call['completion_id']}", style="cyan"))
-        for message in call["messages"]:
-            console.print(_message(message))
-        reply = Text.assemble(("assistant (reply): ", "bold green"), call["reply"])
-        console.print(reply)
-        for tool_call in call["tool_calls"]:
-            console.print(Text(f"  tool call: {json.dumps(tool_call)}", style="green"))
-        reward = "-" if call["reward"] is None else f"{call['reward']:.4g}"
-        console.print(Text(f"finish_reason {call['finish_reason']}, reward {reward}", "dim"))
+        print_call(console, k + 1, call)
     console.print(Rule("tokens (highlighted: sampled, in the loss; dim: prompt)"))
     console.print(tokens(row))
     for reason in row["concat_breaks"]:
         console.print(Text(f"concat break: {reason}", style="red"))
     if row["error"]:
         console.print(Text(f"error: {row['error']}", style="red"))
+
+
+def print_call(console: Console, number: int, call: dict[str, Any], *, left_out: int = 0) -> None:
+    """One call of `trajectory.call_records` (its strings already `visible`): its
+    messages (`left_out`: how many earlier ones the caller dropped), the reply, its tool
+    calls, finish reason and reward. `looprl debug workflow` prints its calls with it too."""
+    console.print(Rule(f"call {number}: {call['completion_id']}", style="cyan"))
+    if left_out:
+        console.print(Text(f"({left_out} earlier message(s) not shown)", style="dim"))
+    for message in call["messages"]:
+        console.print(_message(message))
+    console.print(Text.assemble(("assistant (reply): ", "bold green"), call["reply"]))
+    for tool_call in call["tool_calls"]:
+        console.print(Text(f"  tool call: {json.dumps(tool_call)}", style="green"))
+    reward = "-" if call["reward"] is None else f"{call['reward']:.4g}"
+    console.print(Text(f"finish_reason {call['finish_reason']}, reward {reward}", "dim"))
 
 
 def visible(value: Any) -> Any:

@@ -148,5 +148,5 @@ def test_debug_workflow_reports_rewards_latency_and_errors(served, tmp_path):
     assert json.loads(report["errors"]) == {"ValueError": 1, "InvalidReward": 1}
     p50, p90, worst = (float(report[f"latency_{k}_s"]) for k in ("p50", "p90", "max"))
     assert 0 < p50 <= p90 <= worst < 60
-    assert "ValueError: the agent broke" in done.stderr
-    assert "'0.5' (str)" in done.stderr
+    assert "ValueError: the agent broke" in done.stdout
+    assert "'0.5' (str)" in done.stdout
