@@ -87,12 +87,21 @@ def _setup_logging(level: str = "INFO", log_file: Path | None = None) -> None:
 def train(
     config: ConfigArg = None,
     overrides: OverridesArg = None,
-    dry_run: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(help="Print the resolved config, run the start-up checks and exit."),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option(help="Print the whole traceback of a start-up check that fails.")
+    ] = False,
 ) -> None:
     """Train a policy. With no arguments: SmolLM2-135M on arithmetic, on CPU."""
     cfg = _config(config, overrides)
     if dry_run:
         print(cfg.to_yaml())
+    # Before the training stack is imported (~7 s): a mistake is told in a second or two.
+    _preflight(cfg, debug=debug, log_file=None if dry_run else RunPaths(cfg.run_dir).log)
+    if dry_run:
         return
     from looprl.loop import Stopped
     from looprl.loop import train as run_training
@@ -253,8 +262,15 @@ def serve(
 
 
 @app.command()
-def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
-    """Check this machine for the config: each failed check prints its fix."""
+def doctor(
+    config: ConfigArg = None,
+    overrides: OverridesArg = None,
+    debug: Annotated[
+        bool, typer.Option(help="Print the whole traceback of a start-up check that fails.")
+    ] = False,
+) -> None:
+    """Check the config as `looprl train` does before the model loads, and this machine
+    for it: each failed check prints its fix."""
     from looprl.commands.doctor import run_checks
 
     cfg = _config(config, overrides)
@@ -269,6 +285,9 @@ def doctor(config: ConfigArg = None, overrides: OverridesArg = None) -> None:
             found.append(f"\nfix: {c.fix}", style="bold")
         table.add_row(c.name, Text(c.status, style=colors[c.status]), found)
     _stdout().print(table)
+    for c in checks:
+        if debug and c.traceback:
+            console.print(c.traceback, end="", soft_wrap=True)
     failed = [c.name for c in checks if c.status == "fail"]
     if failed:
         console.print(Text(f"{len(failed)} check(s) failed: {', '.join(failed)}", style="red"))
@@ -421,6 +440,29 @@ def _error(message: object, soft_wrap: bool = False) -> None:
     """'error: `message`' on stderr, wrapped at the width, or with `soft_wrap` on one line
     that the terminal wraps (`looprl show`'s errors are one line)."""
     console.print(Text.assemble(("error:", "red"), f" {message}"), soft_wrap=soft_wrap)
+
+
+def _preflight(cfg: Config, *, debug: bool, log_file: Path | None) -> None:
+    """Run the start-up checks (looprl/preflight.py): each problem as one block on
+    stderr, its traceback in `log_file` and, with `debug`, on stderr; exit 2 if any."""
+    from looprl import preflight
+
+    problems = asyncio.run(preflight.check(cfg))
+    if not problems:
+        return
+    for problem in problems:
+        _error(problem.block())
+        if debug:
+            console.print(problem.traceback, end="", soft_wrap=True)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("a") as f:
+            for problem in problems:
+                f.write(f"{problem.block()}\n{problem.traceback}")
+    where = f"; tracebacks in {log_file}" if log_file is not None else ""
+    hint = "" if debug else f" (--debug prints their tracebacks{where})"
+    console.print(f"{len(problems)} start-up check(s) failed{hint}")
+    raise typer.Exit(2)
 
 
 def _stdout() -> Console:

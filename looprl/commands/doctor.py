@@ -1,18 +1,22 @@
 """`looprl doctor`: checks of this machine against a config, each failure with its fix.
 
-Owns the checks: torch and CUDA, the CPU (kind, ISA flags) and the precision `auto`
-picks for the engine and the trainer with the cost of forcing the other, GPUs visible
-vs what the config uses, NCCL variables, the Ray address (RAY_ADDRESS, else
-scheduler.ray_address), whether every node of that cluster answers at the address it
-announced (scheduling/reachability.py), the IP this node would announce, the gateway
-port, disk space for checkpoints, the code reward's sandbox
-(bubblewrap, probed with a real box), and simulator rendering
+First the start-up checks `looprl train` runs before the model loads (the workflow,
+the data, the model paths, the reward, the extras: looprl/preflight.py), one row per
+problem. Then, of the machine, only those the config needs: Ray and the node's IP for a
+Ray run, rendering where an env is played. Owns the checks: torch and CUDA, the CPU
+(kind, ISA flags) and the precision `auto` picks for the engine and the trainer with the
+cost of forcing the other, GPUs visible vs what the config uses, NCCL variables, the
+Ray address (RAY_ADDRESS, else scheduler.ray_address), whether every node of that
+cluster answers at the address it announced (scheduling/reachability.py), the IP this
+node would announce, the gateway port, disk space for checkpoints, the code reward's
+sandbox (bubblewrap, probed with a real box), and simulator rendering
 (looprl/diagnostics/rendering.py: NVIDIA EGL, Vulkan, MUJOCO_GL as set or as env workers
 pick it, pygame). Each returns a `Check`; nothing here changes the machine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -20,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from looprl import extras, precision, runtime, startup
-from looprl.config import Config
+from looprl import extras, precision, preflight, runtime, startup
+from looprl.config import ENV_WORKFLOW, Config
 from looprl.diagnostics.checks import Check
 from looprl.diagnostics.rendering import check_rendering
 from looprl.models import resolve_model
@@ -30,22 +34,43 @@ MIN_FREE_GB = 5.0
 
 
 def run_checks(cfg: Config) -> list[Check]:
+    """The config's start-up checks, then the machine's checks that `cfg` needs: Ray
+    and the node's IP only for a Ray run (scheduler.type=ray, or a cluster named by
+    RAY_ADDRESS or scheduler.ray_address), rendering only where EnvWorkflow plays an
+    env."""
     ray_address = os.environ.get("RAY_ADDRESS") or cfg.scheduler.ray_address
-    ray_check = check_ray(ray_address)
+    ray_checks = []
+    if cfg.scheduler.type == "ray" or ray_address:
+        ray_check = check_ray(ray_address)
+        ray_checks = [
+            ray_check,
+            *(check_ray_nodes(ray_address) if ray_check.status == "ok" else []),
+            check_node_ip(),
+        ]
+    config = check_config(cfg)
+    model_found = all(c.name != "models" for c in config)  # else said once, in its row
     return [
+        *config,
         check_torch(),
         check_cpu(),
-        *check_precision(cfg),
+        *(check_precision(cfg) if model_found else []),
         check_gpus(),
         check_nccl(),
-        ray_check,
-        *(check_ray_nodes(ray_address) if ray_check.status == "ok" else []),
-        check_node_ip(),
+        *ray_checks,
         check_port(cfg.gateway.host, cfg.gateway.port),
         check_disk(Path(cfg.run.fileroot)),
         check_sandbox(cfg),
-        *check_rendering(),
+        *(check_rendering() if cfg.workflow.path == ENV_WORKFLOW else []),
     ]
+
+
+def check_config(cfg: Config) -> list[Check]:
+    """The start-up checks of `looprl train` (looprl/preflight.py): a failed row per
+    problem, else one ok row."""
+    problems = asyncio.run(preflight.check(cfg))
+    if not problems:
+        return [Check("config", "ok", "workflow, data, model paths, reward and extras hold")]
+    return [Check(p.part, "fail", p.detail(), p.fix, p.traceback) for p in problems]
 
 
 def check_sandbox(cfg: Config) -> Check:

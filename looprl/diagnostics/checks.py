@@ -1,6 +1,6 @@
-"""`Check`: one finding about this machine, and its fix when it is not ok. `looprl
-doctor` prints them (looprl/commands/doctor.py); an env worker logs the rendering ones
-when a render fails (rendering.py)."""
+"""`Check`: one finding about this machine or the config, and its fix when it is not
+ok. `looprl doctor` prints them (looprl/commands/doctor.py); an env worker logs the
+rendering ones when a render fails (rendering.py)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,4 @@ class Check:
     status: Status
     detail: str
     fix: str = ""
+    traceback: str = ""  # of a start-up check's failure, printed by `doctor --debug`

@@ -59,6 +59,8 @@ def load_task(cfg: TaskConfig) -> Task:
     if cfg.train_path is None:
         raise ValueError(f"task.name={cfg.name!r} needs task.train_path")
     train = datasets.load_rows(cfg.train_path, cfg.name, cfg)
-    held_out = datasets.load_rows(cfg.eval_path, cfg.name, cfg) if cfg.eval_path else []
+    held_out = (
+        datasets.load_rows(cfg.eval_path, cfg.name, cfg, "task.eval_path") if cfg.eval_path else []
+    )
     reward_fn = import_object(cfg.reward, "task.reward")
     return Task(train, held_out, reward_fn, cfg.prompt_field, cfg.system_prompt, cfg.answer_field)

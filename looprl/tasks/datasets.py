@@ -16,20 +16,26 @@ from looprl.config import TaskConfig
 log = logging.getLogger(__name__)
 
 
-def load_rows(path: str, kind: str, cfg: TaskConfig) -> list[dict]:
+def load_rows(path: str, kind: str, cfg: TaskConfig, field: str = "task.train_path") -> list[dict]:
+    """The usable rows of the file (or HF dataset) at `path`, which the config's `field`
+    names (for the errors)."""
     required = (cfg.prompt_field, cfg.answer_field)
     if kind == "hf":
         rows = _read_hf(path)
     else:
         file = Path(path).expanduser()
         if not file.is_file():
-            raise FileNotFoundError(f"task.train_path/eval_path {path!r} does not exist")
+            raise FileNotFoundError(
+                f"{field}={path}: {file.absolute()} does not exist; give the file's path, "
+                "absolute or relative to the folder looprl runs in"
+            )
         rows = _read_jsonl(file) if kind == "jsonl" else _read_parquet(file)
-    good, skipped = [], 0
+    good, skipped, first = [], 0, ""
     for where, row in rows:
         problem = _check(row, required)
         if problem:
             skipped += 1
+            first = first or f"{where}: {problem}"
             if skipped <= 5:
                 log.warning("Skipping row %s: %s", where, problem)
             continue
@@ -39,7 +45,11 @@ def load_rows(path: str, kind: str, cfg: TaskConfig) -> list[dict]:
             "Skipped %d of %d rows of %s (first 5 shown above)", skipped, skipped + len(good), path
         )
     if not good:
-        raise ValueError(f"{path!r} has no usable row with fields {list(required)}")
+        found = f"; of {skipped} rows, the first: {first}" if skipped else " (it is empty)"
+        raise ValueError(
+            f"{field}={path} has no usable row with fields {list(required)}{found}; set "
+            "task.prompt_field and task.answer_field to your rows' fields, or fix the rows"
+        )
     return good
 
 

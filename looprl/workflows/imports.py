@@ -4,11 +4,13 @@ the object it names (workflows, reward functions, env factories, datasets)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 
 def import_object(spec: str, what: str = "object") -> Any:
-    """Import `module:Name` (or `module.Name`), naming the spec in every error."""
+    """Import `module:Name` (or `module.Name`), naming the spec in every error: a module
+    not found says where Python looked, a missing name lists what the module defines."""
     module_name, sep, attr = spec.partition(":")
     if not sep:
         module_name, _, attr = spec.rpartition(".")
@@ -17,11 +19,31 @@ def import_object(spec: str, what: str = "object") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {e}") from e
+        hint = ""
+        if e.name is not None and f"{module_name}.".startswith(f"{e.name}."):  # not found
+            hint = "; run looprl from the folder that holds it, or add that folder to PYTHONPATH"
+        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {e}{hint}") from e
     try:
         obj = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ValueError(f"{what} {spec!r}: module {module_name!r} has no {attr!r}") from None
+        where = f" ({module.__file__})" if getattr(module, "__file__", None) else ""
+        names = _defined_names(module)
+        has = f" (it has: {', '.join(names)})" if names else ""
+        raise ValueError(
+            f"{what} {spec!r}: module {module_name!r}{where} has no {attr!r}{has}"
+        ) from None
     return obj
+
+
+def _defined_names(module: Any, most: int = 10) -> list[str]:
+    """The public classes and functions `module` defines itself (not those it imports)."""
+    names = [
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and getattr(obj, "__module__", None) == module.__name__
+    ]
+    return names[:most]

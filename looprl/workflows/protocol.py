@@ -65,26 +65,48 @@ def resolve_workflow(spec: Any, kwargs: dict[str, Any] | None = None) -> Workflo
     """Turn an instance, a class, an async function or a "module:Name" into a Workflow.
 
     A class is instantiated with `kwargs`; for the other forms `kwargs` must be empty.
+    Each error names the object's file and line, and what it takes.
     """
     kwargs = kwargs or {}
     if isinstance(spec, str):
-        spec = import_object(spec, "workflow")
+        spec = import_object(spec, "workflow.path")
     if inspect.isclass(spec):
         if not inspect.iscoroutinefunction(getattr(spec, "run", None)):
+            found = "no run method" if getattr(spec, "run", None) is None else "a plain `def run`"
             raise TypeError(
-                f"workflow class {spec.__qualname__} needs `async def run(self, data, **kw)`"
+                f"workflow class {spec.__qualname__} ({_where(spec)}) needs "
+                f"`async def run(self, data, **kw)`; it has {found}"
             )
         try:
             return spec(**kwargs)
         except TypeError as e:
-            raise TypeError(f"cannot build workflow {spec.__qualname__}(**{kwargs}): {e}") from e
+            if e.__traceback__ is not None and e.__traceback__.tb_next is not None:
+                raise  # raised inside the constructor: the user's own TypeError
+            raise TypeError(
+                f"cannot build workflow {spec.__qualname__}(**{kwargs}) ({_where(spec)}): {e}; "
+                f"it takes {spec.__qualname__}{inspect.signature(spec)} (set workflow.kwargs "
+                "to match)"
+            ) from e
     if kwargs:
         raise TypeError(f"workflow.kwargs={kwargs} given, but {spec!r} is not a class")
     if inspect.iscoroutinefunction(getattr(spec, "run", None)):
         return spec
     if inspect.iscoroutinefunction(spec):
         return _FunctionWorkflow(spec)
+    if inspect.isfunction(spec):
+        raise TypeError(
+            f"function {spec.__qualname__} ({_where(spec)}) is not a workflow: it is a plain "
+            "`def`; make it `async def` (a workflow awaits its model calls)"
+        )
     raise TypeError(
         f"{spec!r} is not a workflow: give an object with `async def run(self, data, **kw)`,"
         " a class with one, or an async function"
     )
+
+
+def _where(obj: Any) -> str:
+    """'path/to/file.py:LINE' of a class or function's definition, or its module's name."""
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (OSError, TypeError):
+        return getattr(obj, "__module__", "?")

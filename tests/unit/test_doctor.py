@@ -26,13 +26,24 @@ def test_this_machine_cpu_only_without_egl(tmp_path, monkeypatch):
     monkeypatch.delenv("MUJOCO_GL", raising=False)
     _any_free_disk_will_do(monkeypatch)
     checks = _by_name(doctor.run_checks(load_config(None, [f"run.fileroot={tmp_path}"])))
+    assert checks["config"].status == "ok"  # the start-up checks of `looprl train`
     assert checks["torch"].status == "ok" and "CPU build" in checks["torch"].detail
     assert checks["GPUs"].status == "ok" and "no GPU" in checks["GPUs"].detail
     assert checks["disk"].status == "ok" and "GB free under" in checks["disk"].detail
-    egl = checks["EGL"]
+    # A single-process run that plays no env needs neither Ray nor rendering.
+    assert not {"Ray", "node IP", "EGL", "MUJOCO_GL"} & set(checks)
+    assert all(c.status != "fail" for c in checks.values())
+    egl = _by_name(doctor.check_rendering())["EGL"]
     assert egl.status == "warn" and "libEGL_nvidia.so.0" in egl.detail
     assert "MUJOCO_GL=osmesa" in egl.fix
-    assert all(c.status != "fail" for c in checks.values())
+
+
+def test_ray_checks_only_for_a_ray_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _any_free_disk_will_do(monkeypatch)
+    cfg = load_config(None, [f"run.fileroot={tmp_path}", "scheduler.type=ray"])
+    checks = _by_name(doctor.run_checks(cfg))
+    assert {"Ray", "node IP"} <= set(checks)
 
 
 def test_egl_rendering_asked_for_without_egl_fails(monkeypatch, tmp_path):
