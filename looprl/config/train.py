@@ -224,6 +224,15 @@ class EvalConfig(Section):
         "this temperature (top_p and top_k from sampling): the success of the policy as it "
         "acts when trained, where its most likely reply is not (a multi-turn env agent).",
     )
+    save_best: bool = Field(
+        True,
+        description="Where the run evaluates every eval.every_steps (> 0): save the policy at "
+        "its best held-out evaluation to the run's best/ folder beside model/ (with "
+        "model.lora the adapter, and its merged copy under model.lora.save_merged), "
+        "rewritten whenever a later evaluation beats every earlier one (a tie keeps the "
+        "earlier). The evaluation before training counts: when no trained step beats it, "
+        "best/ is not written (the untrained policy is model.path itself).",
+    )
 
 
 class SftConfig(Section):

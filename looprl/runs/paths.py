@@ -15,6 +15,9 @@
     trajectories/      the rollouts each step trained on, as Parquet (step_NNNNNN.parquet)
     frames/            env.frames_every: rendered episodes, <session_id>.gif
     model/             the trained policy (a Hugging Face folder, or a LoRA adapter)
+    best/              the policy at its best held-out evaluation (eval.save_best), in
+                       model/'s format, with looprl-best.json: its step and accuracy
+    summary.json       the finished run's result (TrainSummary), written at its end
     processes/         one JSON per live looprl process (the hang watchdog's registry)
     hangs/             hang reports with every process's stacks
     logs/              a vLLM / SGLang server's log
@@ -93,6 +96,14 @@ class RunPaths:
     @property
     def model(self) -> Path:
         return self.root / "model"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
 
     @property
     def processes(self) -> Path:
