@@ -26,7 +26,10 @@ from pathlib import Path
 
 from common import Row, write_result
 
-SUMMARY = re.compile(r"held-out accuracy: [\d.]+% -> [\d.]+% in ([\d.]+) min \((\d+) steps\)")
+# "(best N% at step S, saved to ...)" follows the accuracies where the run kept its best
+SUMMARY = re.compile(
+    r"held-out accuracy: [\d.]+% -> [\d.]+%(?: \([^;]*?\))? in ([\d.]+) min \((\d+) steps\)"
+)
 START_UP = re.compile(r"Start-up: (.*)")
 
 
