@@ -103,7 +103,7 @@ async def check_workflow(
     """Run the workflow once, then `concurrency` times at once, on the engine started here
     (`base_url` None) or against `base_url`; print transcripts on `console`."""
     if base_url is not None:
-        check_reachable(base_url, cfg.model.path)
+        await check_reachable(base_url, cfg.model.path)
     setup = startup.start(cfg, train=False)
     task = load_task(cfg.task)
     rows = (task.train * (concurrency // max(len(task.train), 1) + 1))[: concurrency + 1]
@@ -153,11 +153,12 @@ async def check_workflow(
             return await _check(on_session, rows, console)
 
 
-def check_reachable(base_url: str, model_path: str) -> None:
+async def check_reachable(base_url: str, model_path: str) -> None:
     """Raise ServerUnreachable, with the command that starts a server, when nothing
     answers at `base_url` (any HTTP answer, an error status included, is a server)."""
     try:
-        httpx.get(f"{base_url.rstrip('/')}/models", timeout=10)
+        async with httpx.AsyncClient(timeout=10) as client:
+            await client.get(f"{base_url.rstrip('/')}/models")
     except httpx.TransportError as e:
         url = urlsplit(base_url)
         port = f" --port {url.port}" if url.port and url.port != 8000 else ""
