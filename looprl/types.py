@@ -156,7 +156,10 @@ class Interaction:
 
     `messages` are the request's messages as the agent sent them (OpenAI format; None
     for a plain completion), `tool_calls` the calls parsed out of the reply (OpenAI
-    format), `started_s` / `ended_s` unix times of the request's arrival and the reply.
+    format), `started_s` / `ended_s` unix times of the request's arrival and the reply;
+    `max_tokens` the token limit the call ran under (finish_reason "length" stopped it
+    there) and `requested_max_tokens` the request's own max_tokens (None: the agent
+    passed none, and sampling.max_new_tokens or a session override set the limit).
     """
 
     completion_id: str
@@ -171,6 +174,8 @@ class Interaction:
     tool_calls: list[dict] = field(default_factory=list)
     started_s: float | None = None
     ended_s: float | None = None
+    max_tokens: int | None = None
+    requested_max_tokens: int | None = None
 
     @classmethod
     def from_generation(
@@ -183,6 +188,8 @@ class Interaction:
         tool_calls: list[dict] | None = None,
         started_s: float | None = None,
         ended_s: float | None = None,
+        max_tokens: int | None = None,
+        requested_max_tokens: int | None = None,
     ) -> Interaction:
         return cls(
             completion_id=completion_id,
@@ -196,6 +203,8 @@ class Interaction:
             tool_calls=list(tool_calls or []),
             started_s=started_s,
             ended_s=ended_s,
+            max_tokens=max_tokens,
+            requested_max_tokens=requested_max_tokens,
         )
 
 

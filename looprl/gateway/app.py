@@ -341,6 +341,7 @@ class Gateway:
         sampling = self._sampling(req, prompt_ids, "messages", max_tokens, top, session)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         call = Call(call_id, "", "", prompt_ids, messages=messages)
+        call.max_tokens, call.requested_max_tokens = sampling[0].max_new_tokens, max_tokens
         tool_names = {t["function"]["name"] for t in tools}
         parallel = req.parallel_tool_calls is not False
 
@@ -396,6 +397,7 @@ class Gateway:
         top = req.logprobs or 0
         sampling = self._sampling(req, prompt_ids, "prompt", req.max_tokens, top, session)
         call = Call(f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion", prompt_ids)
+        call.max_tokens, call.requested_max_tokens = sampling[0].max_new_tokens, req.max_tokens
 
         def choice(index: int, gen: Generation, text: str, finish: str) -> dict:
             logprobs = None
@@ -592,6 +594,8 @@ class Gateway:
                 tool_calls=call.tool_calls.get(i),
                 started_s=call.started_s,
                 ended_s=ended_s,
+                max_tokens=call.max_tokens,
+                requested_max_tokens=call.requested_max_tokens,
             )
             for i, (gen, (text, _)) in enumerate(zip(gens, finished, strict=True))
         )

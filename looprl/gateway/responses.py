@@ -30,7 +30,8 @@ SSE_DONE = "data: [DONE]\n\n"  # the last event of every stream that was not cut
 class Call:
     """One request's identity: its id, OpenAI object types and prompt; and what its
     recorded Interactions keep: the chat messages, each choice's parsed tool calls (by
-    choice index, filled as choices are answered) and the arrival time."""
+    choice index, filled as choices are answered), the arrival time and the token limit
+    (what the request asked for, and what it ran under)."""
 
     id: str
     object: str
@@ -40,6 +41,8 @@ class Call:
     tool_calls: dict[int, list[dict]] = field(default_factory=dict)
     started_s: float = field(default_factory=time.time)
     created: int = field(default_factory=lambda: int(time.time()))
+    max_tokens: int | None = None  # the token limit its choices ran under
+    requested_max_tokens: int | None = None  # the request's max_tokens; None: not given
 
     def header(self, model: str, chunk: bool = False) -> dict[str, Any]:
         kind = self.chunk_object if chunk else self.object

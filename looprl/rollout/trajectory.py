@@ -129,7 +129,8 @@ def call_records(
     discount: float = 1.0,
 ) -> list[dict]:
     """Each call of a rollout as JSON-ready data, in call order, for the trajectory files:
-    its messages, reply, tool calls, finish reason, times, and its reward as
+    its messages, reply, tool calls, finish reason, times, token limit (the one it ran
+    under and the one its request asked for), and its reward as
     `build_trajectories` assigns it (None for an empty call or one a reward dict skips)."""
     if isinstance(reward, dict):
         rewards = [reward.get(it.completion_id) if it.output_ids else None for it in interactions]
@@ -147,6 +148,8 @@ def call_records(
             "reward": r,
             "started_s": it.started_s,
             "ended_s": it.ended_s,
+            "max_tokens": it.max_tokens,
+            "requested_max_tokens": it.requested_max_tokens,
         }
         for it, r in zip(interactions, rewards, strict=True)
     ]

@@ -2,7 +2,7 @@
 
 Owns: the run's `metrics.jsonl` (`RunPaths.metrics`: one JSON object per step or
 evaluation), the rich progress bar with the key numbers, `reward.png`
-(`RunPaths.reward_plot`: reward and held-out accuracy over steps, the engine-vs-trainer
+(`RunPaths.reward_plot`: train reward and held-out success over steps, the engine-vs-trainer
 mismatch, and for a multi-turn run the per-turn diagnostics), the `state_dict` a
 checkpoint needs to continue the file (a resume rewinds the file atomically, through
 looprl/runs/atomic.py), and sending each record and a few rollouts per step to the
@@ -62,10 +62,12 @@ class Metrics:
         resume: bool = False,
         trackers: list[Tracker] | None = None,
         samples_per_step: int = 0,
+        eval_temperature: float = 0.0,
     ):
         """`trackers` (started by `looprl.trackers.start_trackers`) get every record from
         here on and `samples_per_step` rollouts per `log_samples`; they finish on exit.
-        `run_dir`: the run directory (its root, or its RunPaths)."""
+        `run_dir`: the run directory (its root, or its RunPaths). `eval_temperature`
+        (eval.temperature) names how held-out success was decoded: greedy at 0."""
         self.paths = RunPaths.of(run_dir)
         self.path = self.paths.metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,6 +77,9 @@ class Metrics:
         self.records: list[dict[str, Any]] = []
         self.trackers = list(trackers or [])
         self.samples_per_step = samples_per_step
+        self.eval_decoding = (
+            "greedy" if eval_temperature == 0 else f"sampled at {eval_temperature:g}"
+        )
         self.policy_version = 0  # of the last train record; evaluations are logged with it
         self.console = console or Console(stderr=True, log_path=False)
         self._progress = Progress(
@@ -108,6 +113,8 @@ class Metrics:
         self.records.append(record)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if kind == "warning":  # already logged by whoever warned; kept for the viewer
+            return record
         if self.trackers:
             step_values = self._tracker_values(record)
             self._to_trackers(lambda t: t.log(step, step_values))
@@ -117,10 +124,16 @@ class Metrics:
             self.console.log(f"eval at step {step}: held-out loss per token {_num(record['nll'])}")
         else:
             self.console.log(
-                f"eval at step {step}: accuracy {_pct(record.get('accuracy'))}, "
-                f"mean reward {_num(record.get('reward_mean'))}"
+                f"eval at step {step}: held-out success ({self.eval_decoding}) "
+                f"{_pct(record.get('accuracy'))}, mean reward {_num(record.get('reward_mean'))}"
             )
         return record
+
+    def log_warnings(self, warnings: list[dict[str, Any]]) -> None:
+        """Keep each warning ({"step", "name", "message"}, e.g. diagnostics/learning.py's)
+        as a record of kind "warning", for the viewer's banner."""
+        for warning in warnings:
+            self.log("warning", warning["step"], {k: v for k, v in warning.items() if k != "step"})
 
     def log_samples(
         self,
@@ -170,7 +183,7 @@ class Metrics:
         import matplotlib.pyplot as plt
 
         path = path or self.paths.reward_plot
-        fig = figure(self.records)
+        fig = figure(self.records, self.eval_decoding)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
@@ -198,12 +211,13 @@ ACTION_PREFIX = "action_share_"  # action_share_<word>: share of replies whose f
 MAX_ACTION_WORDS = 8  # the plot folds rarer first words into "other"
 
 
-def figure(records: list[dict[str, Any]]):
+def figure(records: list[dict[str, Any]], eval_decoding: str = "greedy"):
     """The plot of `records`: reward and held-out accuracy (top), mismatch (below) and,
     for a multi-turn run (train records with `turn{k}_*` keys), six panels more: return
     and advantage |mean| per turn, token entropy per turn, the two collapse signals
     (groups with equal returns, the most common first word), the first words of the
-    replies and each turn's share of the loss. A single-turn run gets the first two only."""
+    replies and each turn's share of the loss. A single-turn run gets the first two only.
+    `eval_decoding` names how held-out success was decoded, in its label."""
     import matplotlib.pyplot as plt
 
     train = [r for r in records if r["kind"] == "train"]
@@ -221,7 +235,7 @@ def figure(records: list[dict[str, Any]]):
         returns, advantages, entropy, collapse, loss, actions = (
             fig.add_subplot(grid[2 + i // 2, i % 2], sharex=ax) for i in range(6)
         )
-    _plot_reward(ax, train, evals)
+    _plot_reward(ax, train, evals, eval_decoding)
     _plot_mismatch(below, train)
     if turns:
         _plot_per_turn(returns, train, turns, "return_mean", "mean reward of the calls")
@@ -255,18 +269,20 @@ def action_shares(train: list[dict[str, Any]]) -> tuple[list[int], dict[str, lis
     return steps, {w: shares[w] for w in ranked[:MAX_ACTION_WORDS]} | {"other": other}
 
 
-def _plot_reward(ax, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
+def _plot_reward(
+    ax, train: list[dict[str, Any]], evals: list[dict[str, Any]], eval_decoding: str
+) -> None:
     ax.plot(
         [r["step"] for r in train],
         [r.get("reward_mean") for r in train],
-        label="train reward (mean)",
+        label="train reward (mean, sampled)",
         color="tab:blue",
     )
     ax.plot(
         [r["step"] for r in evals],
         [r.get("accuracy") for r in evals],
         "o-",
-        label="held-out accuracy (greedy)",
+        label=f"held-out success ({eval_decoding})",
         color="tab:orange",
     )
     ax.set_ylim(-0.02, 1.02)
@@ -372,7 +388,8 @@ def _num(value: Any) -> str:
 
 def _summary(r: dict) -> str:
     return (
-        f"reward {_num(r.get('reward_mean'))}  acc {_pct(r.get('accuracy'))}  "
+        f"train reward {_num(r.get('reward_mean'))}  "
+        f"train success (sampled) {_pct(r.get('accuracy'))}  "
         f"loss {_num(r.get('loss'))}  len {r.get('response_length', 0):.0f}  "
         f"{r.get('step_time_s', 0):.1f} s/step"
     )

@@ -94,7 +94,8 @@ class RunReader:
         return "-".join(f"{m:x}.{s:x}" for m, s in parts)
 
     def overview(self) -> bytes:
-        """The run as JSON: name, config, metrics by kind (columns), step list, errors."""
+        """The run as JSON: name, config, metrics by kind (columns), the run's warnings,
+        step list, errors."""
         stamp = self.stamp()
         cached = self._overview
         if cached is not None and cached[0] == stamp:
@@ -110,6 +111,7 @@ class RunReader:
             "config_text": config_text,
             "total_steps": _total_steps(config),
             "metrics": metrics["columns"] if metrics else {"train": {}, "eval": {}},
+            "warnings": metrics["warnings"] if metrics else [],
             "steps": self.steps(),
             "finished": self._finished(config, metrics),
             "errors": errors + (metrics["errors"] if metrics else []),
@@ -259,8 +261,11 @@ class RunReader:
 
 def read_metrics(path: Path) -> dict:
     """metrics.jsonl as columns: {"train": {key: [values]}, "eval": {...}}, numbers only,
-    plus the errors met (a line that is not a JSON object names its number)."""
+    the warnings the run logged (records of kind "warning": {"step", "name", "message"},
+    e.g. diagnostics/learning.py's, for the page's banner) and the errors met (a line
+    that is not a JSON object names its number)."""
     records: dict[str, list[dict]] = {"train": [], "eval": []}
+    warnings: list[dict] = []
     errors: list[str] = []
     with path.open("rb") as f:
         data = f.read()
@@ -275,15 +280,18 @@ def read_metrics(path: Path) -> dict:
         except ValueError as e:
             errors.append(f"{path.name} line {number}: not JSON ({e}); the line is skipped")
             continue
+        if isinstance(record, dict) and record.get("kind") == "warning":
+            warnings.append({k: record.get(k) for k in ("step", "name", "message")})
+            continue
         if not isinstance(record, dict) or record.get("kind") not in records:
             errors.append(
-                f"{path.name} line {number}: expected an object with kind 'train' or 'eval'; "
-                "the line is skipped"
+                f"{path.name} line {number}: expected an object with kind 'train', 'eval' or "
+                "'warning'; the line is skipped"
             )
             continue
         records[record["kind"]].append(record)
     columns = {kind: _columns(rows) for kind, rows in records.items()}
-    return {"columns": columns, "errors": errors}
+    return {"columns": columns, "warnings": warnings, "errors": errors}
 
 
 def _columns(rows: list[dict]) -> dict[str, list]:

@@ -108,8 +108,8 @@ def test_the_plots_show_every_record_and_hovering_names_step_and_value(page, url
     page.goto(url)
     page.wait_for_selector('svg[data-plot="reward"] path.series')
 
-    assert path_commands(page, "reward", "reward_mean") == "M" + "L" * (len(train) - 1)
-    assert len(path_commands(page, "accuracy", "accuracy")) == len(evals) == 3
+    assert path_commands(page, "reward", "train reward") == "M" + "L" * (len(train) - 1)
+    assert len(path_commands(page, "accuracy", "held-out success")) == len(evals) == 3
     # kl is null on steps 7 and 14: the line breaks there, three pieces of 18 points.
     kl = path_commands(page, "kl", "kl")
     assert (len(kl), kl.count("M")) == (STEPS - 2, 3)
@@ -120,7 +120,7 @@ def test_the_plots_show_every_record_and_hovering_names_step_and_value(page, url
     page.mouse.move(plot["x"] + plot["width"] * 0.6, plot["y"] + plot["height"] / 2)
     text = page.inner_text("#tooltip")
     step = int(re.search(r"step (\d+)", text).group(1))
-    value = float(re.search(r"reward_mean: (\S+)", text).group(1))
+    value = float(re.search(r"train reward: (\S+)", text).group(1))
     assert 1 <= step <= STEPS
     assert value == pytest.approx(train[step - 1]["reward_mean"], rel=1e-3)
 
@@ -205,7 +205,7 @@ def test_corrupt_files_show_banners_naming_them_and_the_rest_still_shows(page, t
         banners = page.locator("#banners .banner")
         expect(banners.filter(has_text="metrics.jsonl line 3: not JSON")).to_have_count(1)
         expect(banners.filter(has_text="config.yaml: not valid YAML")).to_have_count(1)
-        assert len(path_commands(page, "reward", "reward_mean")) == 5
+        assert len(path_commands(page, "reward", "train reward")) == 5
         expect(page.locator("#config")).to_contain_text("train: [unclosed")
 
         page.goto(url + "#steps/0/3")
@@ -227,7 +227,7 @@ def test_a_run_in_progress_fills_in_while_the_page_is_open(page, tmp_path):
     with viewing(run) as url:
         page.goto(url)
         expect(page.locator("#status")).to_contain_text("step 6 / 10")
-        assert len(path_commands(page, "reward", "reward_mean")) == 6
+        assert len(path_commands(page, "reward", "train reward")) == 6
         page.click("nav a[data-tab=steps]")
         expect(page.locator("#step-panel .step-input")).to_have_value("6")
 
@@ -256,7 +256,7 @@ def test_two_runs_compare_on_the_plots_and_step_by_step(page, run_dir, tmp_path)
         page.select_option("#overlay", "1")
         paths = page.locator('svg[data-plot="reward"] path.series')
         expect(paths).to_have_count(2)
-        assert len(path_commands(page, "reward", "reward_mean")) == STEPS
+        assert len(path_commands(page, "reward", "train reward")) == STEPS
         overlay = paths.nth(1).get_attribute("d")
         assert overlay.count("L") == 8 - 1
 
@@ -398,8 +398,8 @@ def test_a_real_training_run(page, tmp_path, tiny_model_dir):
     with viewing(run) as url:
         page.goto(url)
         expect(page.locator("#status")).to_contain_text("step 3 / 3 · finished")
-        assert len(path_commands(page, "reward", "reward_mean")) == 3
-        assert len(path_commands(page, "accuracy", "accuracy")) == 2  # steps 0 and 3
+        assert len(path_commands(page, "reward", "train reward")) == 3
+        assert len(path_commands(page, "accuracy", "held-out success")) == 2  # steps 0 and 3
 
         page.goto(url + "#steps/0/2")
         page.click(f'#step-panel tr.group-row[data-group="{rows[0]["group_id"]}"]')

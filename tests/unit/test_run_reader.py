@@ -129,3 +129,21 @@ def test_config_values_json_lacks_still_show(run_dir):
     (run_dir / "config.yaml").write_text("train:\n  max_grad_norm: .inf\n  started: 2026-11-26\n")
     config = json.loads(RunReader(run_dir).overview())["config"]
     assert config == {"train": {"max_grad_norm": "inf", "started": "2026-11-26"}}
+
+
+def test_warnings_are_kept_for_the_banner_and_not_taken_for_bad_lines(tmp_path):
+    """Records of kind "warning" (diagnostics/learning.py's, through Metrics.log_warnings)
+    go to the overview's warnings, in order, not into the columns nor the errors."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"kind": "train", "step": 1, "time": 2.0, "loss": 0.1}\n'
+        '{"kind": "warning", "step": 1, "time": 2.1, "name": "truncated", "message": "cut"}\n'
+        '{"kind": "warning", "step": 5, "time": 6.0, "name": "equal_rewards", "message": "eq"}\n'
+    )
+    metrics = read_metrics(path)
+    assert metrics["columns"]["train"] == {"step": [1], "time": [2.0], "loss": [0.1]}
+    assert metrics["warnings"] == [
+        {"step": 1, "name": "truncated", "message": "cut"},
+        {"step": 5, "name": "equal_rewards", "message": "eq"},
+    ]
+    assert metrics["errors"] == []

@@ -94,7 +94,7 @@ def test_a_multi_turn_run_gets_six_panels_more_and_the_first_two_unchanged():
     records = multi_turn_records()
     fig = figure(records)
     assert len(fig.axes) == 8
-    assert line(fig.axes[0], "train reward (mean)") == ([1, 2, 3], [0.1, 0.2, 0.1 * 3])
+    assert line(fig.axes[0], "train reward (mean, sampled)") == ([1, 2, 3], [0.1, 0.2, 0.1 * 3])
     for title in ("mean reward", "mean |advantage|", "token entropy", "signs of collapse"):
         panel(fig, title)
     assert [c.get_label() for c in panel(fig, "share of the loss").collections] == [

@@ -7,8 +7,22 @@
 const POLL_MS = 3000;
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2"];
 const PLOTS = [
-  { id: "reward", title: "Reward (train)", kind: "train", keys: ["reward_mean"], always: true },
-  { id: "accuracy", title: "Held-out accuracy", kind: "eval", keys: ["accuracy"], always: true },
+  {
+    id: "reward",
+    title: () => "Train rollouts (sampled)",
+    kind: "train",
+    keys: ["reward_mean", "accuracy"],
+    labels: { reward_mean: "train reward", accuracy: "train success (sampled)" },
+    always: true,
+  },
+  {
+    id: "accuracy",
+    title: (overview) => `Held-out success (${evalDecoding(overview)})`,
+    kind: "eval",
+    keys: ["accuracy"],
+    labels: { accuracy: "held-out success" },
+    always: true,
+  },
   { id: "kl", title: "KL", kind: "train", keys: ["approx_kl", "kl"] },
   {
     id: "mismatch",
@@ -296,12 +310,28 @@ function stackPlot(spec) {
 
 // ---------------------------------------------------------------- overview
 
-function plotSeries(overview, kind, keys, offset, dashed, prefix) {
+// How the held-out rollouts were decoded: greedy unless eval.temperature says otherwise.
+function evalDecoding(overview) {
+  const temperature = ((overview.config || {}).eval || {}).temperature || 0;
+  return temperature > 0 ? `sampled at ${temperature}` : "greedy";
+}
+
+// The run's warnings (records of kind "warning", e.g. diagnostics/learning.py's): the
+// latest of each name, oldest first, as banner lines.
+function warningLines(overview) {
+  const latest = {};
+  for (const warning of overview.warnings || []) latest[warning.name] = warning;
+  return Object.values(latest)
+    .sort((a, b) => a.step - b.step)
+    .map((warning) => `${overview.name}: ${warning.message}`);
+}
+
+function plotSeries(overview, kind, keys, offset, dashed, prefix, labels = {}) {
   const columns = overview.metrics[kind] || {};
   return keys
     .filter((key) => columns[key])
     .map((key, i) => ({
-      label: prefix + key,
+      label: prefix + (labels[key] || key),
       xs: columns.step,
       ys: columns[key],
       color: COLORS[(i + offset) % COLORS.length],
@@ -319,12 +349,12 @@ function renderOverview() {
     specs.push({ id: `extra-${kind}-${name}`, title: `${name} (${kind})`, kind, keys: [name] });
   }
   const plots = specs.map((p) => {
-    const series = plotSeries(overview, p.kind, p.keys, 0, false, "");
-    if (other) series.push(...plotSeries(other, p.kind, p.keys, 3, true, `${other.name}: `));
+    const series = plotSeries(overview, p.kind, p.keys, 0, false, "", p.labels);
+    if (other) series.push(...plotSeries(other, p.kind, p.keys, 3, true, `${other.name}: `, p.labels));
     if (!series.length) series.push(...p.keys.map((k, i) => ({ label: k, xs: [], ys: [], color: COLORS[i] })));
     return linePlot({
       id: p.id,
-      title: p.title,
+      title: typeof p.title === "function" ? p.title(overview) : p.title,
       series,
       onClick: p.kind === "train" ? (step) => openStep(state.run, step) : null,
     });
@@ -396,6 +426,7 @@ async function refreshOverview(run) {
     const before = state.overviews[run];
     state.overviews[run] = overview;
     setBanners(`overview-${run}`, overview.errors.map((e) => `${overview.name}: ${e}`));
+    setBanners(`warnings-${run}`, warningLines(overview), "warn");
     return !before || before.stamp !== overview.stamp;
   } catch (error) {
     setBanners("connection", [`cannot read run ${run} from the viewer server: ${error.message}`]);
