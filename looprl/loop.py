@@ -12,16 +12,20 @@ the start, every `eval.every_steps` steps and at the end.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import random
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import yaml
 
 from looprl import startup
 from looprl.config import Config
@@ -31,6 +35,7 @@ from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.rollout.controller import RolloutController
 from looprl.rollout.truncation import truncation_stats
 from looprl.runs import checkpoint as checkpoint_io
+from looprl.runs.atomic import atomic_write_text
 from looprl.runs.metrics import Metrics
 from looprl.runs.paths import RunPaths
 from looprl.runs.trajectories import TrajectoryWriter
@@ -54,13 +59,37 @@ class TrainSummary:
     steps: int
     run_dir: Path
     model_dir: Path
+    # Where the run evaluated every eval.every_steps: its best evaluation (step 0's, the
+    # untrained policy, when no step beat it) and where that policy was saved, if it was.
+    best_accuracy: float | None = None
+    best_step: int | None = None
+    best_dir: Path | None = None
+    finished_earlier: bool = False  # a rerun of a finished trial, which trained nothing
 
     def line(self) -> str:
+        best = ""
+        if self.best_step == 0:
+            best = " (no step beat the untrained policy: nothing saved to best)"
+        elif self.best_step is not None:
+            where = f"saved to {self.best_dir}" if self.best_dir else "not saved"
+            best = f" (best {100 * self.best_accuracy:.1f}% at step {self.best_step}, {where})"
+        earlier = "This trial already finished: " if self.finished_earlier else ""
         return (
-            f"held-out accuracy: {100 * self.accuracy_before:.1f}% -> "
-            f"{100 * self.accuracy_after:.1f}% in {self.minutes:.1f} min "
+            f"{earlier}held-out accuracy: {100 * self.accuracy_before:.1f}% -> "
+            f"{100 * self.accuracy_after:.1f}%{best} in {self.minutes:.1f} min "
             f"({self.steps} steps); model saved to {self.model_dir}"
         )
+
+    def to_json(self) -> str:
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(self).items()})
+
+    @classmethod
+    def read(cls, path: Path) -> TrainSummary:
+        """The summary a finished run wrote to `path` (RunPaths.summary)."""
+        fields = json.loads(path.read_text())
+        for key in ("run_dir", "model_dir", "best_dir"):
+            fields[key] = Path(fields[key]) if fields[key] is not None else None
+        return cls(**fields)
 
 
 async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
@@ -68,7 +97,10 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
     check_installed(cfg)  # a tracker's missing package fails before anything starts
     setup = startup.start(cfg)  # so does a model that is not there, or a precision
     paths = setup.paths
-    checkpoint = resume_point(cfg, paths)  # before anything is written into the run dir
+    try:
+        checkpoint = resume_point(cfg, paths)  # before anything is written into the run dir
+    except Finished as finished:  # a retried job of a finished trial succeeds, training nothing
+        return finished.summary
     cfg.save(paths)
     forget_processes(paths)  # those of an earlier run here would read as exited
     torch.manual_seed(cfg.run.seed)
@@ -112,6 +144,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 await trainer.load_state_dict(checkpoint.trainer)
                 await trainer.push_weights()
                 before = restore(checkpoint, controller, rows, metrics)
+            best = BestPolicy(cfg, paths, trainer, tokenizer, metrics.records, checkpoint)
             saver = Saver(cfg, paths, trainer, controller, rows, metrics, last_step=first_step - 1)
             trajectories = TrajectoryWriter(paths, cfg.metrics, tokenizer, first_step)
             collapse = CollapseWatch(cfg.diagnostics)
@@ -170,7 +203,8 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     and (step < cfg.train.total_steps)
                 ):
                     metrics.status("evaluating")
-                    await evaluate(controller, task.eval, cfg, metrics, step=step)
+                    accuracy = await evaluate(controller, task.eval, cfg, metrics, step=step)
+                    await best.offer(step, accuracy)
                     metrics.log_warnings(learning.check(metrics.records))
                 watchdog.beat()  # the step's update, checkpoint and evaluation are done
             if cfg.checkpoint.keep_on_finish and saver.last_step < cfg.train.total_steps:
@@ -180,13 +214,17 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             metrics.log_warnings(learning.check(metrics.records))
             plot = metrics.plot()
             model_dir = await trainer.save_model(tokenizer, setup.paths.model)
+            await best.offer(cfg.train.total_steps, after)
+    minutes = (time.monotonic() - start) / 60
+    summary = TrainSummary(
+        before, after, minutes, cfg.train.total_steps, paths.root, model_dir, **best.summary()
+    )
+    atomic_write_text(paths.summary, summary.to_json())  # what a rerun of this trial says
     # Only now, with the model saved and every part stopped: a run cut short before this
     # line (a signal, a crash) keeps its newest checkpoint to resume from.
     checkpoint_io.finish(paths, keep=cfg.checkpoint.keep_on_finish)
     log.info("Saved the trained policy to %s and the reward plot to %s", model_dir, plot)
-    return TrainSummary(
-        before, after, (time.monotonic() - start) / 60, cfg.train.total_steps, paths.root, model_dir
-    )
+    return summary
 
 
 def multi_turn_actions(rollout) -> dict[str, float]:
@@ -241,10 +279,7 @@ def resume_point(cfg: Config, paths: RunPaths) -> checkpoint_io.Checkpoint | Non
             raise checkpoint_io.RecoverError(f"recover.mode=require: {why}")
         if cfg.recover.mode == "auto" and paths.model.is_dir():
             # A finished trial: training it again here would replace its model.
-            raise checkpoint_io.RecoverError(
-                f"{paths.root} holds a finished run ({why}). Train it again from scratch "
-                "with recover.mode=off, or give this run another run.trial_name"
-            )
+            finished_run(cfg, paths, why)
         log.info("Starting a new run: %s", "recover.mode=off" if cfg.recover.mode == "off" else why)
         checkpoint_io.set_aside(paths)  # old or damaged ones never mix with the new
         return None
@@ -338,6 +373,118 @@ class Saver:
         # state (1.6 GB for SmolLM2 with AdamW), which ran a 24 GB machine out of memory.
         release_free_memory()
         log.info("Saved recover checkpoint for step %d to %s", step, path)
+
+
+class BestPolicy:
+    """The policy at the best held-out evaluation so far, saved to `paths.best` where the
+    run evaluates every eval.every_steps (eval.save_best): rewritten when an evaluation
+    beats every earlier one, step 0's (the untrained policy) included; a tie keeps the
+    earlier. The untrained policy is model.path itself and is not copied: when no trained
+    step beats it, best/ is not written.
+
+    A resumed run takes its best so far from the restored eval records, or from the
+    folder's own record (`RECORD`: its step and accuracy) when that is better: an
+    evaluation after the checkpoint it resumed from wrote it. A new run removes an
+    earlier run's best/, which no record of its own describes."""
+
+    RECORD = "looprl-best.json"
+
+    def __init__(self, cfg: Config, paths: RunPaths, trainer, tokenizer, records, resumed):
+        self.path, self.trainer, self.tokenizer = paths.best, trainer, tokenizer
+        self.step: int | None = None
+        self.accuracy = -math.inf
+        self.saved: Path | None = None
+        for record in records:
+            if record["kind"] == "eval":
+                self._beats(record["step"], record.get("accuracy", 0.0))
+        # No eval record: no held-out rows, nothing to compare (evaluate warns).
+        self.enabled = cfg.eval.save_best and cfg.eval.every_steps > 0 and self.step is not None
+        record = self.path / self.RECORD
+        if not self.enabled or not self.path.exists():
+            return
+        if not resumed or not record.is_file():
+            shutil.rmtree(self.path, ignore_errors=True)
+            log.info("Removed %s: an earlier run's best policy (or one half written)", self.path)
+            return
+        saved = json.loads(record.read_text())
+        if saved["step"] == self.step or self._beats(saved["step"], saved["accuracy"]):
+            self.saved = self.path
+
+    def _beats(self, step: int, accuracy: float) -> bool:
+        accuracy = 0.0 if accuracy is None or math.isnan(accuracy) else accuracy
+        if accuracy <= self.accuracy:
+            return False
+        self.step, self.accuracy = step, accuracy
+        return True
+
+    async def offer(self, step: int, accuracy: float) -> None:
+        """The evaluation of the policy at `step` gave `accuracy`: save it if it is the best."""
+        if not self._beats(step, accuracy) or not self.enabled:
+            return
+        start = time.perf_counter()
+        # Written aside, then moved in: a run killed meanwhile keeps the previous best.
+        # (`best-merged` too, with model.lora.save_merged.)
+        aside = self.path.parent / f".tmp-{self.path.name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir()
+        await self.trainer.save_model(self.tokenizer, aside / self.path.name)
+        record = {"step": step, "accuracy": accuracy}
+        atomic_write_text(aside / self.path.name / self.RECORD, json.dumps(record))
+        for written in sorted(aside.iterdir()):
+            shutil.rmtree(self.path.parent / written.name, ignore_errors=True)
+            written.rename(self.path.parent / written.name)
+        aside.rmdir()
+        self.saved = self.path
+        log.info(
+            "Best held-out accuracy so far, %.1f%% at step %d: saved the policy to %s (%.1f s)",
+            100 * accuracy,
+            step,
+            self.path,
+            time.perf_counter() - start,
+        )
+
+    def summary(self) -> dict:
+        """TrainSummary's best_* fields; none where the run did not keep its best."""
+        if not self.enabled:
+            return {}
+        return {"best_accuracy": self.accuracy, "best_step": self.step, "best_dir": self.saved}
+
+
+class Finished(Exception):
+    """This run directory holds a finished run of the same config (a job retried after
+    it ended): `summary` is its result, read back."""
+
+    def __init__(self, summary: TrainSummary):
+        super().__init__(summary.line())
+        self.summary = summary
+
+
+def finished_run(cfg: Config, paths: RunPaths, why: str) -> None:
+    """Under recover.mode=auto, `paths` holds a finished run (its model saved, its
+    checkpoints removed; `why` says so): raise Finished with its summary when this config
+    is the one it ran, so that the same command run again (a scheduler's retry) succeeds
+    without training; else RecoverError, since training it further replaces its model
+    and must be asked for."""
+    how = "Train it again from scratch with recover.mode=off, or with another run.trial_name"
+    if not paths.summary.is_file() or not paths.config.is_file():
+        raise checkpoint_io.RecoverError(f"{paths.root} holds a finished run ({why}). {how}")
+    earlier = yaml.safe_load(paths.config.read_text())
+    refused, accepted = checkpoint_io.config_changes(earlier, cfg.model_dump(mode="json"), [])
+    changes = [c for c in refused + accepted if not c.startswith("recover.")]
+    if changes:
+        raise checkpoint_io.RecoverError(
+            f"{paths.root} holds a finished run ({why}), of another config:\n"
+            + "\n".join(f"  {line}" for line in sorted(changes))
+            + f"\n{how}"
+        )
+    summary = replace(TrainSummary.read(paths.summary), finished_earlier=True)
+    log.info(
+        "%s holds a finished run of this config: nothing to train (%s). %s",
+        paths.root,
+        summary.line(),
+        how,
+    )
+    raise Finished(summary)
 
 
 class Stopped(Exception):
