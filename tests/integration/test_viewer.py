@@ -217,6 +217,25 @@ def test_corrupt_files_show_banners_naming_them_and_the_rest_still_shows(page, t
         expect(page.locator("#step-panel tr.group-row")).to_have_count(1)
 
 
+def test_the_runs_warnings_are_banners_the_latest_of_each_kind(page, tmp_path):
+    """Records of kind "warning" (diagnostics/learning.py's) are warn banners, one per
+    name (its latest), and no error banner."""
+    run = write_synthetic_run(tmp_path / "run", steps=5, rows_per_step=8)
+    with (run / "metrics.jsonl").open("a") as f:
+        for step, name in [(1, "truncated"), (1, "equal_rewards"), (5, "truncated")]:
+            message = f"Step {step}: {name} says what to change"
+            f.write(json.dumps({"kind": "warning", "step": step, "name": name, "message": message}))
+            f.write("\n")
+
+    with viewing(run) as url:
+        page.goto(url)
+        banners = page.locator("#banners .banner.warn")
+        expect(banners).to_have_count(2)
+        expect(banners.filter(has_text="Step 1: equal_rewards says")).to_have_count(1)
+        expect(banners.filter(has_text="Step 5: truncated says")).to_have_count(1)
+        expect(page.locator("#banners .banner:not(.warn)")).to_have_count(0)
+
+
 def test_a_run_in_progress_fills_in_while_the_page_is_open(page, tmp_path):
     run = write_synthetic_run(tmp_path / "run", steps=10, rows_per_step=8, eval_every=5)
     every = metric_records(10, 5)
