@@ -18,11 +18,13 @@ import math
 import random
 import shutil
 import signal
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import yaml
@@ -33,6 +35,7 @@ from looprl.diagnostics.collapse import CollapseWatch, action_stats
 from looprl.diagnostics.learning import LearningWatch
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.rollout.controller import RolloutController
+from looprl.rollout.failures import WorkflowFailed
 from looprl.rollout.truncation import truncation_stats
 from looprl.runs import checkpoint as checkpoint_io
 from looprl.runs.atomic import atomic_write_text
@@ -49,6 +52,8 @@ from looprl.training.batch import build_batch
 from looprl.workflows.protocol import Workflow
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+MIN_STOP_GRACE_S = 10.0  # after a signal, the work in progress gets at least this long
 
 
 @dataclass
@@ -135,11 +140,15 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                 eval_temperature=cfg.eval.temperature,
             ) as metrics,
             GracefulStop(paths, cfg.recover.mode) as stop,
-            HangWatchdog(paths, "driver", cfg.diagnostics) as watchdog,
+            HangWatchdog(
+                paths, "driver", cfg.diagnostics, busy=controller.failures.activity
+            ) as watchdog,
         ):
             if checkpoint is None:
                 metrics.status("evaluating the initial policy")
-                before = await evaluate(controller, task.eval, cfg, metrics, step=0)
+                before = await finish_or_stop(
+                    evaluate(controller, task.eval, cfg, metrics, step=0), stop, None, 0
+                )
             else:
                 await trainer.load_state_dict(checkpoint.trainer)
                 await trainer.push_weights()
@@ -152,10 +161,15 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
             for step in range(first_step, cfg.train.total_steps + 1):
                 step_start = time.monotonic()
                 metrics.status(f"rolling out {cfg.rollout.batch_size} x {cfg.rollout.group_size}")
-                rollout = await opened.checking_reward(  # a judge that is down stops the run
-                    controller.prepare_batch(rows, first_position=rows.position),
-                    cfg.reward.max_failure_rate,
-                    cfg.rollout.batch_size * cfg.rollout.group_size,
+                rollout = await finish_or_stop(  # a signal, a failing workflow stop the run
+                    opened.checking_reward(  # so does a judge that is down
+                        controller.prepare_batch(rows, first_position=rows.position),
+                        cfg.reward.max_failure_rate,
+                        cfg.rollout.batch_size * cfg.rollout.group_size,
+                    ),
+                    stop,
+                    saver,
+                    step - 1,
                 )
                 batch_wait_s = time.monotonic() - step_start  # the trainer idle, waiting
                 # Before the update lets the next batch's rollouts start: this batch's
@@ -190,6 +204,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     "step_time_s": time.monotonic() - step_start,
                 }
                 metrics.log("train", step, record)
+                stop.grace_s = max(record["step_time_s"], MIN_STOP_GRACE_S)
                 collapse.check(step, record)
                 metrics.log_warnings(learning.check(metrics.records))
                 metrics.log_samples(step, rollout.trajectories, batch.advantages, tokenizer.decode)
@@ -203,14 +218,21 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     and (step < cfg.train.total_steps)
                 ):
                     metrics.status("evaluating")
-                    accuracy = await evaluate(controller, task.eval, cfg, metrics, step=step)
+                    accuracy = await finish_or_stop(
+                        evaluate(controller, task.eval, cfg, metrics, step=step), stop, saver, step
+                    )
                     await best.offer(step, accuracy)
                     metrics.log_warnings(learning.check(metrics.records))
                 watchdog.beat()  # the step's update, checkpoint and evaluation are done
             if cfg.checkpoint.keep_on_finish and saver.last_step < cfg.train.total_steps:
                 await saver.save(cfg.train.total_steps)  # a longer rerun of this trial goes on
             metrics.status("final evaluation")
-            after = await evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps)
+            after = await finish_or_stop(
+                evaluate(controller, task.eval, cfg, metrics, step=cfg.train.total_steps),
+                stop,
+                saver,
+                cfg.train.total_steps,
+            )
             metrics.log_warnings(learning.check(metrics.records))
             plot = metrics.plot()
             model_dir = await trainer.save_model(tokenizer, setup.paths.model)
@@ -489,18 +511,21 @@ def finished_run(cfg: Config, paths: RunPaths, why: str) -> None:
 
 class Stopped(Exception):
     """Training stopped on a signal: after saving a checkpoint at the end of `step`, or
-    (`step` None) at once on a second signal, without one."""
+    (`step` None) without one: at once on a second signal, or before any step was trained
+    (`why` says when, and what blocked the run where it did)."""
 
-    def __init__(self, signum: int, step: int | None, paths: RunPaths, mode: str):
+    def __init__(self, signum: int, step: int | None, paths: RunPaths, mode: str, *, why=""):
         self.signum = signum
         name = signal.Signals(signum).name
         # recover.mode=off (make demo's) would set the checkpoint aside and start over.
         command = "the same command" if mode != "off" else "the same command with recover.mode=auto"
-        if step is None:
+        if step is None and not why:
             message = (
                 f"stopped at once by a second {name}, without a checkpoint; {command} "
                 f"resumes from the last one in {paths.checkpoints}, if any"
             )
+        elif step is None:
+            message = f"stopped by {name} {why}; there is no checkpoint to resume from"
         else:
             message = (
                 f"stopped by {name} after step {step}; the checkpoint is in "
@@ -509,33 +534,126 @@ class Stopped(Exception):
         super().__init__(message)
 
 
+class StopRequested(Exception):
+    """A signal came and the work in progress did not finish within the grace."""
+
+
+class LoopBlocked(KeyboardInterrupt):
+    """Raised by the signal handler inside code that has blocked the event loop since
+    before a signal came (a workflow calling `time.sleep` or a synchronous client inside
+    `async def`). A KeyboardInterrupt, as Ctrl-C raises: the `except Exception` around a
+    workflow does not count it as the workflow's failure, and asyncio lets it out of the
+    event loop at once (any other exception would wait there behind the next workflow
+    that blocks); `asyncio.run` then cancels every task, the training task's cleanup
+    included, and raises it."""
+
+    def __init__(self, signum: int, where: str, blocked_s: float, paths: RunPaths, mode: str):
+        self.signum = signum
+        command = "the same command" if mode != "off" else "the same command with recover.mode=auto"
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} while the event loop was blocked for "
+            f"{blocked_s:.0f} s at {where}: code that blocks inside `async def` (time.sleep, "
+            "a synchronous HTTP client, a long computation) holds up every rollout; use "
+            "`await asyncio.sleep`, an async client or `await asyncio.to_thread(...)`. "
+            f"{command} resumes from the last checkpoint in {paths.checkpoints}, if any"
+        )
+
+
 class GracefulStop:
-    """SIGTERM/SIGINT: finish the step, save, stop. A second one stops at once: the
-    training task is cancelled, and leaves this block as `Stopped` (no checkpoint)."""
+    """SIGTERM/SIGINT: finish the step, save, stop; always within about one step's time.
+
+    The first signal lets the work in progress go on for at most `grace_s` (`within`):
+    the step's rollouts, then its update; work past it is cancelled and what was trained
+    is saved (a hanging workflow does not hold the run). A second signal stops at once:
+    the training task is cancelled, and leaves this block as `Stopped` (no checkpoint).
+
+    The handlers are Python's (`signal.signal`), not the event loop's, so that they run
+    even while code on the loop blocks it: the main thread runs them between two
+    bytecodes of whatever it runs, also inside `time.sleep`. A handler hands the signal
+    to the loop; a loop that has not taken it within `BLOCKED_S` (its heartbeat stopped)
+    is blocked, and the signal is delivered again, to raise `LoopBlocked` in the code
+    that blocks it: the run stops without a new checkpoint, saying where it was blocked.
+    """
+
+    TICK_S = 0.5  # the loop's heartbeat
+    BLOCKED_S = 5.0  # a loop without a heartbeat this long, after a signal, is blocked
+    FIRST_GRACE_S = 30.0  # the grace before any step was timed
 
     def __init__(self, paths: RunPaths, mode: str) -> None:
         self.paths, self.mode = paths, mode  # recover.mode, for Stopped's message
         self.signal: int | None = None
+        self.grace_s = self.FIRST_GRACE_S  # the loop sets it to its last step's time
         self._again = False
+        self._received = self._taken = 0  # signals handled / taken by the loop
 
     def __enter__(self) -> GracefulStop:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._loop.add_signal_handler(signum, self._on_signal, signum)
+        self.requested = asyncio.Event()
+        self._beat()
+        self._previous = {s: signal.signal(s, self._handler) for s in SIGNALS}
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._loop.remove_signal_handler(signum)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._heartbeat.cancel()
         if self._again and kind is asyncio.CancelledError:
             self._task.uncancel()  # our cancel, answered: the cleanup around goes on
             raise Stopped(self.signal, None, self.paths, self.mode) from None
 
+    async def within(self, work: Awaitable[T]) -> T:
+        """`work` awaited to its end, unless a signal came and `grace_s` more passed
+        first: then it is cancelled and StopRequested raised."""
+        task = asyncio.ensure_future(work)
+        signalled = asyncio.ensure_future(self.requested.wait())
+        try:
+            await asyncio.wait({task, signalled}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=self.grace_s)
+            if not task.done():
+                log.warning(
+                    "Stopping: what was running did not finish within %.0f s of the signal "
+                    "(the last step's time); cancelling it",
+                    self.grace_s,
+                )
+                raise StopRequested
+            return task.result()
+        finally:
+            signalled.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _beat(self) -> None:
+        self._alive = time.monotonic()
+        self._heartbeat = self._loop.call_later(self.TICK_S, self._beat)
+
+    def _handler(self, signum: int, frame) -> None:
+        """Python's signal handler, on the main thread, inside whatever runs there."""
+        blocked_s = time.monotonic() - self._alive
+        if self._received and blocked_s > self.BLOCKED_S:  # since before this signal
+            code = frame.f_code if frame is not None else None
+            where = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}" if code else "?"
+            raise LoopBlocked(signum, where, blocked_s, self.paths, self.mode)
+        self._received += 1
+        self._loop.call_soon_threadsafe(self._on_signal, signum)
+        received = self._received
+        threading.Thread(target=self._redeliver, args=(signum, received), daemon=True).start()
+
+    def _redeliver(self, signum: int, received: int) -> None:
+        """Deliver `signum` again if the loop has not taken signal number `received`
+        within BLOCKED_S: the handler then finds the loop blocked and raises there."""
+        time.sleep(self.BLOCKED_S + self.TICK_S)
+        if self._taken < received:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
     def _on_signal(self, signum: int) -> None:
+        self._taken += 1
         name = signal.Signals(signum).name
         if self.signal is None:
             self.signal = signum
+            self.requested.set()
             log.warning(
                 "Received %s: stopping after this step with a checkpoint (send it again to "
                 "stop at once, without one)",
@@ -545,6 +663,31 @@ class GracefulStop:
             self._again = True
             log.warning("Received %s again: stopping now", name)
             self._task.cancel()
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def finish_or_stop(
+    work: Awaitable[T], stop: GracefulStop, saver: Saver | None, trained: int
+) -> T:
+    """`work` (a step's rollouts, an evaluation) to its end, unless the run must stop
+    first: a signal came and it did not finish within the grace, or the workflow spent
+    its failure budget. Then the steps trained since the last checkpoint (up to
+    `trained`) are saved, and Stopped (or WorkflowFailed) is raised."""
+    try:
+        return await stop.within(work)
+    except (StopRequested, WorkflowFailed) as e:
+        if isinstance(e, WorkflowFailed):
+            log.error("Stopping the run: %s", e)
+        if saver is not None and trained > saver.last_step:
+            await saver.save(trained)
+        if isinstance(e, WorkflowFailed):
+            raise
+        if trained == 0:
+            why = "before the first step was trained"
+            raise Stopped(stop.signal, None, stop.paths, stop.mode, why=why) from None
+        raise Stopped(stop.signal, trained, stop.paths, stop.mode) from None
 
 
 class DataStream:

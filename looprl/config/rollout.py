@@ -22,6 +22,21 @@ class RolloutConfig(Section):
     timeout_s: float = Field(
         300.0, gt=0, description="A rollout running longer is cancelled and counted as timed out."
     )
+    max_failure_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Stop the run (exit code 1, with the workflow's own traceback) when more "
+        "than this share of the last failure_window rollouts failed: the workflow raised, "
+        "returned an unusable reward, made no model call or ran past timeout_s. 1 never "
+        "stops: failed rollouts are counted and others drawn instead.",
+    )
+    failure_window: int | None = Field(
+        None,
+        ge=2,
+        description="Rollouts the failure budget looks back over; None: one step's "
+        "(batch_size x group_size), at least two groups. At least two groups when set.",
+    )
     seeded: bool = Field(
         False,
         description="Give every rollout its own sampling seed, from run.seed and its "
@@ -56,6 +71,12 @@ class RolloutConfig(Section):
         description="broadcast: call k of K gets reward * reward_discount ** (K - 1 - k).",
     )
 
+    def failure_window_rollouts(self) -> int:
+        """failure_window as set, else one step's rollouts, at least two groups."""
+        if self.failure_window is not None:
+            return self.failure_window
+        return max(self.batch_size, 2) * self.group_size
+
     @model_validator(mode="after")
     def _groups_can_start(self) -> RolloutConfig:
         if self.group_size > self.max_concurrent_rollouts:
@@ -63,6 +84,12 @@ class RolloutConfig(Section):
                 f"group_size={self.group_size} > max_concurrent_rollouts="
                 f"{self.max_concurrent_rollouts}: a group starts all its rollouts at once, "
                 "so none could ever start; raise max_concurrent_rollouts"
+            )
+        if self.failure_window is not None and self.failure_window < 2 * self.group_size:
+            raise ValueError(
+                f"failure_window={self.failure_window} is less than two groups "
+                f"(2 x group_size={self.group_size}): one unlucky group would stop the run; "
+                f"set it to at least {2 * self.group_size}, or leave it unset"
             )
         if self.dynamic_filtering and self.group_size < 2:
             raise ValueError(

@@ -33,6 +33,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,7 +75,10 @@ class Registered:
 
 class HangWatchdog:
     """Reports (with `hang_abort`, also stops) the run when `beat()` has not been called
-    for `diagnostics.hang_timeout_s` seconds; 0 turns it off."""
+    for `diagnostics.hang_timeout_s` seconds; 0 turns it off. `busy(since)` (the
+    driver's: the failure budget's `activity`) says what finished since a time.monotonic()
+    without being progress: rollouts that fail, say. A stall with such activity is named
+    as that in a warning, not reported as a hang."""
 
     def __init__(
         self,
@@ -84,11 +88,12 @@ class HangWatchdog:
         *,
         role: str = "driver",
         rank: int | None = None,
+        busy: Callable[[float], str | None] | None = None,
     ):
         self.paths, self.name = RunPaths.of(run_dir), name
         self.run_dir = self.paths.root
         self.timeout_s, self.abort = diagnostics.hang_timeout_s, diagnostics.hang_abort
-        self.role, self.rank = role, rank
+        self.role, self.rank, self.busy = role, rank, busy
         self.poll_s = min(1.0, self.timeout_s / 4)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,6 +135,17 @@ class HangWatchdog:
         while not self._stopped.wait(self.poll_s):
             beat = self._last_beat
             if time.monotonic() - beat < self.timeout_s or self._reported_beat == beat:
+                continue
+            if self.busy is not None and (activity := self.busy(beat)) is not None:
+                log.warning(
+                    "No hang: %s made no training progress for %.0f s, but %s: it is busy "
+                    "with rollouts that do not reach training (not the engine's doing when "
+                    "they fail; see the rollout errors above).",
+                    self.label,
+                    time.monotonic() - beat,
+                    activity,
+                )
+                self.beat()  # busy is not hung: watch again from now
                 continue
             self._reported_beat = beat  # one report per stall
             try:

@@ -13,12 +13,16 @@ one dataset row, and two ways to drive them:
   iterator) while capacity allows; `wait` returns the next finished groups. With
   `max_head_offpolicyness = 0` this is synchronous RL.
 
-A workflow that raises, hangs past `timeout_s`, returns None or a NaN reward never
-stops the run: the rollout is counted by its outcome, and the first error of each type
-is logged with its message. Groups are left out of a batch, counted and reported with
-the next batch, when none of their rollouts produced data, when their rewards are all
-equal (`dynamic_filtering`), or when their oldest token is more than
-`max_head_offpolicyness` versions behind by the time they are taken (so nothing
+A workflow that raises, hangs past `timeout_s`, returns None or a NaN reward does not
+stop the run by itself: the rollout is counted by its outcome, and the first error of
+each type is logged with its message and where the workflow raised it. The failure
+budget (failures.py) stops it when failures take more than
+`rollout.max_failure_share` of the recent rollouts: `wait` (and `rollout_batch`, once
+its rollouts are in) raises `WorkflowFailed` with the workflow's own traceback.
+Groups are left out of a batch, counted and reported with the next batch, when none
+of their rollouts produced data, when their rewards are all equal
+(`dynamic_filtering`), or when their oldest token is more than `max_head_offpolicyness`
+versions behind by the time they are taken (so nothing
 trained is staler than the bound, even when a slow rollout finishes late). When
 admission keeps a waiting caller from its groups for `blocked_warning_s`, the formula
 with its numbers and the setting to raise are logged once. Knows nothing of training.
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from looprl.config import RolloutConfig
+from looprl.rollout.failures import FailureBudget, where
 from looprl.rollout.outcome import RolloutOutcome, RolloutResult, check_reward, run_workflow
 from looprl.rollout.staleness import StalenessManager
 from looprl.rollout.trajectory import build_trajectories, call_records
@@ -108,6 +113,7 @@ class RolloutController:
             max_head_offpolicyness=cfg.max_head_offpolicyness,
         )
         self._errors_logged: set[str] = set()
+        self.failures = FailureBudget(cfg.max_failure_share, cfg.failure_window_rollouts())
         self._jobs: deque[_Job] = deque()  # submitted, not admitted yet
         self._rows: Iterator[dict] | None = None  # prepare_batch's data, after the jobs
         self._rows_done = False
@@ -136,6 +142,18 @@ class RolloutController:
         sampling_overrides: dict[str, Any] | None = None,
         workflow: Workflow | None = None,
     ) -> RolloutOutcome:
+        """One rollout of `row`, its outcome counted by the failure budget."""
+        outcome = await self._run_one(row, group_id, sampling_overrides, workflow)
+        self.failures.record(outcome.status, outcome.error, outcome.traceback)
+        return outcome
+
+    async def _run_one(
+        self,
+        row: dict,
+        group_id: str,
+        sampling_overrides: dict[str, Any] | None,
+        workflow: Workflow | None,
+    ) -> RolloutOutcome:
         workflow = workflow or self.workflow
         handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
         try:
@@ -152,9 +170,14 @@ class RolloutController:
             session = self.host.close_session(handle.id)
         start, elapsed = run.started, run.elapsed_s
         if run.status != "completed":
-            self._log_error(run.error)
+            self._log_error(run.error, run.traceback)
             return RolloutOutcome(
-                group_id, run.status, error=run.error, elapsed_s=elapsed, started=start
+                group_id,
+                run.status,
+                error=run.error,
+                elapsed_s=elapsed,
+                started=start,
+                traceback=run.traceback,
             )
 
         # A reward the workflow returned, else one posted to the session.
@@ -218,11 +241,20 @@ class RolloutController:
             concat_breaks=breaks,
         )
 
-    def _log_error(self, error: str) -> None:
+    def _log_error(self, error: str, traceback: str | None = None) -> None:
         kind = error.split(":", 1)[0]
         if kind not in self._errors_logged:
             self._errors_logged.add(kind)
-            log.warning("A rollout ended with %s (later %s errors are only counted)", error, kind)
+            at = f" at {found}" if (found := where(traceback)) else ""
+            log.warning(
+                "A rollout ended with %s%s (later %s errors are only counted; the run stops "
+                "when more than rollout.max_failure_share=%g of the last %d rollouts fail)",
+                error,
+                at,
+                kind,
+                self.cfg.max_failure_share,
+                self.failures.window,
+            )
 
     async def run_group(
         self,
@@ -287,6 +319,7 @@ class RolloutController:
             group_id = uuid.uuid4().hex[:12]
             jobs += [one(row, group_id) for _ in range(group_size)]
         outcomes = list(await asyncio.gather(*jobs))
+        self.failures.check()
         return RolloutResult(outcomes, time.monotonic() - start)
 
     # ---- continuous, under the staleness manager ---------------------------------
@@ -439,6 +472,8 @@ class RolloutController:
     async def _dispatch(self) -> None:
         """Admit waiting groups in order, each once capacity allows all its rollouts."""
         while True:
+            if self._failure is not None:
+                return  # the run stops: wait() raises it; nothing more to start
             job = self._next_job()
             if job is None:
                 self._admission_changed.clear()
@@ -544,6 +579,7 @@ class RolloutController:
             self._ready.append((job, outcomes))
         else:
             self._left_out += outcomes
+        self.failures.check()  # spent: wait() re-raises it (_on_group_done)
 
     def _next_seed(self) -> int:
         self._rollouts_seeded += 1

@@ -147,6 +147,7 @@ class RolloutOutcome:
     sample_index: int = 0  # the rollout's index in its group
     calls: list[dict] = field(default_factory=list)  # trajectory.call_records
     concat_breaks: list[str] = field(default_factory=list)  # why each concatenation broke
+    traceback: str | None = None  # a workflow that raised: its own frames (user_traceback)
 
 
 @dataclass
