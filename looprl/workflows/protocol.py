@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from looprl.types import EpisodeReward
 from looprl.workflows.imports import import_object
 
-WorkflowResult = float | dict[str, float] | EpisodeReward | None
+if TYPE_CHECKING:  # looprl.types imports torch, which the start-up checks do without
+    from looprl.types import EpisodeReward
+
+WorkflowResult: TypeAlias = "float | dict[str, float] | EpisodeReward | None"
 
 
 @runtime_checkable

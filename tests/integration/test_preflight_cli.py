@@ -15,8 +15,9 @@ import pytest
 
 from tests.support.tiny_run import tiny_run_overrides
 
-# Loading the tiny model alone takes longer than this once the training stack is
-# imported (~7 s, then start-up); the checks answer in 2-4 s on 2 busy cores.
+# The training stack's import alone (~7 s) and start-up take longer than this; the
+# checks answer in about 1 s (they import neither torch nor transformers), a few on 2
+# cores shared with other test runs.
 BEFORE_ANY_MODEL_S = 12.0
 
 AGENTS = """\
@@ -191,3 +192,19 @@ def test_a_correct_config_passes_the_checks(project, tiny_model_dir):
     assert dry.returncode == 0, dry.stderr
     assert dry.stderr == "" and "my_agents:Agent" in dry.stdout
     assert not (project / "runs").exists()  # a dry run writes nothing
+
+
+def test_the_checks_import_neither_torch_nor_transformers(project):
+    """What keeps the first error within a second or two of the command."""
+    code = (
+        "import asyncio, sys; from looprl import preflight; from looprl.config import "
+        "load_config; asyncio.run(preflight.check(load_config(None, "
+        "['workflow.path=my_agents:Agent', 'model.path=Qwen/Qwen2.5-0.5B']))); "
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(project)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
