@@ -39,6 +39,7 @@ from looprl import extras, trackers
 from looprl.config import Config, ConfigError
 from looprl.models import check_model_path
 from looprl.rewards import Reward, build_reward, needs_judge_engine
+from looprl.runs.paths import RunPaths
 from looprl.tasks import Task, load_task
 from looprl.workflows.protocol import close_workflow
 from looprl.workflows.resolution import (
@@ -128,7 +129,8 @@ async def _check_workflow(cfg: Config, task: Task | None) -> list[Problem]:
     except Exception as e:  # noqa: BLE001
         return [_problem("reward", f"reward.type={cfg.reward.type}", e)]
     try:
-        workflow = configured_workflow(cfg, task, reward)
+        # The run's frames folder (env.frames_every), named only: nothing is written there.
+        workflow = configured_workflow(cfg, task, reward, frames_dir=RunPaths(cfg.run_dir).frames)
         await close_workflow(workflow)
     except Exception as e:  # noqa: BLE001
         setting = f"workflow.command={cfg.workflow.command}"

@@ -198,3 +198,10 @@ def test_the_workflow_built_is_closed(agents, tmp_path):
     marker = tmp_path / "closed"
     assert _check("workflow.path=my_agents:Closes", f"workflow.kwargs={{marker: {marker}}}") == []
     assert marker.exists()
+
+
+def test_an_env_is_built_once_by_its_workers(tmp_path):
+    env = ("env.name=gymnasium:FrozenLake-v1", "env.workers=1", f"run.fileroot={tmp_path}")
+    assert _check(*env, "env.frames_every=2") == []  # the run's frames folder is named
+    problem = _one("env.name=gymnasium:NoSuchLake-v0", "env.workers=1")
+    assert problem.part == "workflow" and "NoSuchLake-v0" in problem.what
