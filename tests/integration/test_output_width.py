@@ -85,7 +85,10 @@ def printed(tiny_model_dir, long_dir, doctor_env) -> dict[str, subprocess.Comple
     run_dir = write_synthetic_run(long_dir / "run", steps=1, rows_per_step=4, group_size=2)
     runs = {name: (args, ENV) for name, args in HELP.items()}
     runs |= {
-        "doctor": (["doctor", f"run.fileroot={long_dir}"], doctor_env),
+        "doctor": (  # an env played: doctor checks rendering only for one
+            ["doctor", f"run.fileroot={long_dir}", "env.name=gymnasium:FrozenLake-v1"],
+            doctor_env,
+        ),
         "show": (["show", str(run_dir)], ENV),
         "rollout": (
             ["rollout", "--rows", "1", "--out", str(long_dir / "rollouts.jsonl")]
