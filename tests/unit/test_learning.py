@@ -39,30 +39,42 @@ def names(warnings: list[dict]) -> list[tuple[int, str]]:
     return [(w["step"], w["name"]) for w in warnings]
 
 
-# The default job (`make demo`), bench/results/avx2/summary.json (2c63cff): sampled reward
-# (= success: 0/1 rewards) per step and held-out every 4 steps; groups all equal only once
-# most samples succeed (BENCHMARKS.md: "5-7 of the 8 groups have all-equal rewards" in the
-# last steps); entropy falling as answers shorten; calls cut at 48 tokens now and then.
-DEFAULT_REWARDS = [0.328, 0.25, 0.406, 0.406, 0.484, 0.625, 0.828, 0.75, 0.844, 0.891, 0.953, 0.891]
-DEFAULT_EVALS = {0: 0.48, 4: 0.66, 8: 0.9, 12: 0.92}
-DEFAULT_DEGENERATE = [0.25, 0.375, 0.25, 0.375, 0.25, 0.375, 0.5, 0.5, 0.625, 0.75, 0.875, 0.75]
-DEFAULT_ENTROPY = [0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.35, 0.3, 0.25, 0.2, 0.2]
+# The default job (`make demo`: SmolLM2-135M on arithmetic, 12 steps of 8 x 8, 48 tokens),
+# measured at this change on a 2-core Xeon (bf16 engine): per step (step, sampled success,
+# degenerate_group_share, entropy, truncated_turn_share), and held-out every 4 steps.
+# Its first step cuts 72% of the replies at sampling.max_new_tokens=48 and succeeds 17%
+# of the time against 44% held-out: a run that learns (44% -> 94%).
+DEFAULT_STEPS = [
+    (1, 0.172, 0.25, 2.294, 0.719),
+    (2, 0.203, 0.375, 1.984, 0.562),
+    (3, 0.266, 0.0, 2.152, 0.562),
+    (4, 0.359, 0.0, 1.747, 0.547),
+    (5, 0.234, 0.125, 1.672, 0.406),
+    (6, 0.375, 0.0, 1.518, 0.453),
+    (7, 0.625, 0.0, 1.258, 0.328),
+    (8, 0.5, 0.25, 1.099, 0.344),
+    (9, 0.703, 0.125, 0.893, 0.172),
+    (10, 0.672, 0.0, 0.714, 0.125),
+    (11, 0.766, 0.125, 0.719, 0.125),
+    (12, 0.641, 0.125, 0.658, 0.109),
+]
+DEFAULT_EVALS = {0: 0.44, 4: 0.62, 8: 0.74, 12: 0.94}
 
 
-def default_job(evals: dict[int, float] = DEFAULT_EVALS, rewards=DEFAULT_REWARDS) -> list[dict]:
+def default_job(evals: dict[int, float] = DEFAULT_EVALS) -> list[dict]:
     records = [evaluation(0, evals[0])]
-    for step, reward in enumerate(rewards, start=1):
+    for step, success, degenerate, entropy, cut in DEFAULT_STEPS:
         records.append(
             train(
                 step,
-                reward,
-                degenerate_group_share=DEFAULT_DEGENERATE[step - 1],
-                entropy=DEFAULT_ENTROPY[step - 1],
-                truncated_calls=3,
-                truncated_call_share=3 / 64,
+                success,
+                degenerate_group_share=degenerate,
+                entropy=entropy,
+                truncated_calls=round(cut * 64),
+                truncated_call_share=cut,
                 truncated_turn=1,
                 truncated_turn_calls=64,
-                truncated_turn_share=3 / 64,
+                truncated_turn_share=cut,
                 truncated_turn_max_tokens=48,
                 truncated_turn_requested_max_tokens=None,
             )
@@ -79,12 +91,13 @@ def test_the_default_job_stays_quiet():
 @pytest.mark.parametrize(
     "evals",
     [
-        {0: 0.48, 4: 0.70, 8: 0.88, 12: 0.90},  # run.seed=1 (BENCHMARKS.md)
-        {0: 0.48, 4: 0.66, 8: 0.90, 12: 0.88},  # a best at step 8, a little less after
+        {0: 0.48, 4: 0.66, 8: 0.90, 12: 0.92},  # bench/results/avx2 (float32, 2c63cff)
+        {0: 0.48, 4: 0.70, 8: 0.90, 12: 0.88},  # a best at step 8, a little less after
         {0: 0.48, 4: 0.44, 8: 0.84, 12: 0.92},  # a slow start
     ],
 )
-def test_the_default_jobs_other_seeds_stay_quiet(evals):
+def test_the_default_jobs_other_evaluations_stay_quiet(evals):
+    """Its held-out figures of other machines and seeds (BENCHMARKS.md: 48% -> 88-92%)."""
     assert replay(default_job(evals)) == []
 
 
