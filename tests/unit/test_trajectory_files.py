@@ -99,6 +99,8 @@ def test_rows_round_trip_with_each_rows_own_advantage(tmp_path):
         "reward": 1.0,
         "started_s": 100.0,
         "ended_s": 101.5,
+        "max_tokens": None,  # Interactions built by hand: no token limit recorded
+        "requested_max_tokens": None,
     }
     assert len(a1["concat_breaks"]) == 1 and "call 2" in a1["concat_breaks"][0]
     assert rows[2]["concat_breaks"] == [] and rows[2]["calls"][0]["messages"] == []
