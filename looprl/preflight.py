@@ -87,7 +87,11 @@ async def check(cfg: Config) -> list[Problem]:
         with _quiet("looprl.tasks"):  # the run warns of skipped rows when it loads them
             task = load_task(cfg.task)
     except Exception as e:  # noqa: BLE001 (a problem to report, whatever it is)
-        problems.append(_problem("data", f"task.reward={cfg.task.reward}", e))
+        # The user's code load_task runs is task.reward's module; the rest reads data.
+        setting = (
+            f"task.reward={cfg.task.reward}" if _user_frame(e) else f"task.name={cfg.task.name}"
+        )
+        problems.append(_problem("data", setting, e))
     if task is not None or cfg.workflow.path != RLVR_WORKFLOW:  # RLVR reads the task
         problems += await _check_workflow(cfg, task)
     return problems
@@ -144,18 +148,22 @@ async def _check_workflow(cfg: Config, task: Task | None) -> list[Problem]:
 
 
 def _problem(part: str, setting: str, error: BaseException) -> Problem:
-    """The Problem of `error`. Raised in the user's own code (a module that fails to
-    import, a constructor that raises): the setting that runs that code, the exception,
-    and its last line in their file. Otherwise looprl's message, which names the setting
-    and the fix itself."""
+    """The Problem of `error`. Raised by looprl: its message, which names the setting
+    and the fix itself. Raised in the user's own code (a module that fails to import, a
+    constructor that raises): the setting that runs that code, the exception, and its
+    last line in their file. Raised in a library: the setting, the exception and where."""
     full = "".join(traceback.format_exception(error))
     where = _user_frame(error)
-    if where is None:
+    frames = traceback.extract_tb(error.__traceback__)
+    if where is None and frames and _in_looprl(frames[-1].filename):
         return Problem(part, str(error), traceback=full)
     cause = _innermost(error)
     what = f"{setting}: {type(cause).__name__}: {cause}" if setting else str(cause)
-    fix = "correct your code at that line"
-    return Problem(part, what, where, fix, full)
+    if where is None:
+        last = traceback.extract_tb(cause.__traceback__)[-1:]
+        where = "".join(f"{f.filename}:{f.lineno} in {f.name}" for f in last)
+        return Problem(part, what, where, traceback=full)
+    return Problem(part, what, where, "correct your code at that line", full)
 
 
 def _innermost(error: BaseException) -> BaseException:
@@ -183,10 +191,16 @@ def _user_frame(error: BaseException) -> str | None:
 
 
 def _is_user_file(filename: str) -> bool:
-    if filename.startswith("<"):
+    """A Python file of the user's: not looprl's, Python's or a package's; not `<frozen
+    ...>` nor a compiled module's source (Cython's 'pyarrow/error.pxi')."""
+    path = Path(filename)
+    if path.suffix != ".py" or not path.is_file():
         return False
-    path = Path(filename).resolve()
-    return not any(path.is_relative_to(folder) for folder in _LIBRARY_DIRS)
+    return not any(path.resolve().is_relative_to(folder) for folder in _LIBRARY_DIRS)
+
+
+def _in_looprl(filename: str) -> bool:
+    return any(Path(filename).resolve().is_relative_to(p) for p in looprl.__path__)
 
 
 @contextlib.contextmanager

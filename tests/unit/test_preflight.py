@@ -205,3 +205,21 @@ def test_an_env_is_built_once_by_its_workers(tmp_path):
     assert _check(*env, "env.frames_every=2") == []  # the run's frames folder is named
     problem = _one("env.name=gymnasium:NoSuchLake-v0", "env.workers=1")
     assert problem.part == "workflow" and "NoSuchLake-v0" in problem.what
+
+
+def test_a_library_error_names_the_setting_the_exception_and_where(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "train.parquet").write_text("not parquet")
+    problem = _one("task.name=parquet", f"task.train_path={tmp_path / 'train.parquet'}")
+    assert problem.part == "data" and problem.what.startswith("task.name=parquet: Arrow")
+    assert "pyarrow" in problem.where and not problem.fix
+
+
+def test_a_reward_module_that_fails_on_import_names_task_reward(agents, tmp_path):
+    file = agents("def math_reward(prompt, completion, **row):\n    return 1.0\n\n1 / 0\n")
+    data = _jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "2"}])
+    problem = _one(
+        "task.name=jsonl", f"task.train_path={data}", "task.reward=my_agents:math_reward"
+    )
+    assert problem.what == "task.reward=my_agents:math_reward: ZeroDivisionError: division by zero"
+    assert problem.where == f"{file}:4 in <module>"
