@@ -36,6 +36,7 @@ from looprl.diagnostics.learning import LearningWatch
 from looprl.diagnostics.watchdog import HangWatchdog, forget_processes
 from looprl.rollout.controller import RolloutController
 from looprl.rollout.failures import WorkflowFailed
+from looprl.rollout.outcome import in_workflow, stop_workflows
 from looprl.rollout.truncation import truncation_stats
 from looprl.runs import checkpoint as checkpoint_io
 from looprl.runs.atomic import atomic_write_text
@@ -528,8 +529,8 @@ class Stopped(Exception):
             message = f"stopped by {name} {why}; there is no checkpoint to resume from"
         else:
             message = (
-                f"stopped by {name} after step {step}; the checkpoint is in "
-                f"{paths.checkpoints} and {command} resumes from it"
+                f"stopped by {name} after step {step}{' ' + why if why else ''}; the "
+                f"checkpoint is in {paths.checkpoints} and {command} resumes from it"
             )
         super().__init__(message)
 
@@ -538,24 +539,23 @@ class StopRequested(Exception):
     """A signal came and the work in progress did not finish within the grace."""
 
 
-class LoopBlocked(KeyboardInterrupt):
-    """Raised by the signal handler inside code that has blocked the event loop since
-    before a signal came (a workflow calling `time.sleep` or a synchronous client inside
-    `async def`). A KeyboardInterrupt, as Ctrl-C raises: the `except Exception` around a
-    workflow does not count it as the workflow's failure, and asyncio lets it out of the
-    event loop at once (any other exception would wait there behind the next workflow
-    that blocks); `asyncio.run` then cancels every task, the training task's cleanup
-    included, and raises it."""
+class LoopBlocked(BaseException):
+    """Raised by the signal handler inside a workflow that has blocked the event loop
+    since before a signal came (`time.sleep` or a synchronous client inside `async
+    def`). A BaseException: the `except Exception` around a workflow must not count it
+    as the workflow's failure and go on; it reaches `finish_or_stop` as the rollout's
+    error, and the run stops."""
 
-    def __init__(self, signum: int, where: str, blocked_s: float, paths: RunPaths, mode: str):
-        self.signum = signum
-        command = "the same command" if mode != "off" else "the same command with recover.mode=auto"
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} while the event loop was blocked for "
-            f"{blocked_s:.0f} s at {where}: code that blocks inside `async def` (time.sleep, "
-            "a synchronous HTTP client, a long computation) holds up every rollout; use "
-            "`await asyncio.sleep`, an async client or `await asyncio.to_thread(...)`. "
-            f"{command} resumes from the last checkpoint in {paths.checkpoints}, if any"
+    def __init__(self, where: str, blocked_s: float):
+        super().__init__(where, blocked_s)
+        self.where, self.blocked_s = where, blocked_s
+
+    def why(self) -> str:
+        return (
+            f"while a workflow blocked the event loop for {self.blocked_s:.0f} s at "
+            f"{self.where}: code that blocks inside `async def` (time.sleep, a synchronous "
+            "HTTP client, a long computation) holds up every rollout; use `await "
+            "asyncio.sleep`, an async client or `await asyncio.to_thread(...)`"
         )
 
 
@@ -570,9 +570,11 @@ class GracefulStop:
     The handlers are Python's (`signal.signal`), not the event loop's, so that they run
     even while code on the loop blocks it: the main thread runs them between two
     bytecodes of whatever it runs, also inside `time.sleep`. A handler hands the signal
-    to the loop; a loop that has not taken it within `BLOCKED_S` (its heartbeat stopped)
-    is blocked, and the signal is delivered again, to raise `LoopBlocked` in the code
-    that blocks it: the run stops without a new checkpoint, saying where it was blocked.
+    to the loop. After a signal, a thread watches the loop's heartbeat: when it stopped
+    for `BLOCKED_S`, the signal is delivered again, and the handler, finding a workflow's
+    code running (`in_workflow`), raises `LoopBlocked` in it, after closing the loop to
+    workflows not started yet (`stop_workflows`, lest the next one block it again). Our
+    own slow work on the loop (writing a checkpoint) is never interrupted.
     """
 
     TICK_S = 0.5  # the loop's heartbeat
@@ -584,7 +586,9 @@ class GracefulStop:
         self.signal: int | None = None
         self.grace_s = self.FIRST_GRACE_S  # the loop sets it to its last step's time
         self._again = False
-        self._received = self._taken = 0  # signals handled / taken by the loop
+        self._received = 0  # signals handled
+        self._redelivered = False  # a signal _watch sent is on its way
+        self._exited = threading.Event()
 
     def __enter__(self) -> GracefulStop:
         self._loop = asyncio.get_running_loop()
@@ -598,6 +602,10 @@ class GracefulStop:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._heartbeat.cancel()
+        self._exited.set()
+        if kind is LoopBlocked:  # not through finish_or_stop: nothing new to save
+            why = error.why()
+            raise Stopped(self.signal or signal.SIGTERM, None, self.paths, self.mode, why=why)
         if self._again and kind is asyncio.CancelledError:
             self._task.uncancel()  # our cancel, answered: the cleanup around goes on
             raise Stopped(self.signal, None, self.paths, self.mode) from None
@@ -632,24 +640,29 @@ class GracefulStop:
     def _handler(self, signum: int, frame) -> None:
         """Python's signal handler, on the main thread, inside whatever runs there."""
         blocked_s = time.monotonic() - self._alive
-        if self._received and blocked_s > self.BLOCKED_S:  # since before this signal
-            code = frame.f_code if frame is not None else None
-            where = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}" if code else "?"
-            raise LoopBlocked(signum, where, blocked_s, self.paths, self.mode)
+        if self._received and blocked_s > self.BLOCKED_S and in_workflow():
+            stop_workflows(self._loop)
+            code = frame.f_code
+            raise LoopBlocked(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}", blocked_s)
+        if self._redelivered:  # our own, from _watch: not the user's second signal
+            self._redelivered = False
+            return
+        if not self._received:
+            threading.Thread(target=self._watch, args=(signum,), daemon=True).start()
         self._received += 1
         self._loop.call_soon_threadsafe(self._on_signal, signum)
-        received = self._received
-        threading.Thread(target=self._redeliver, args=(signum, received), daemon=True).start()
 
-    def _redeliver(self, signum: int, received: int) -> None:
-        """Deliver `signum` again if the loop has not taken signal number `received`
-        within BLOCKED_S: the handler then finds the loop blocked and raises there."""
-        time.sleep(self.BLOCKED_S + self.TICK_S)
-        if self._taken < received:
-            signal.pthread_kill(threading.main_thread().ident, signum)
+    def _watch(self, signum: int) -> None:
+        """After the first signal, until the block is left: deliver `signum` again each
+        time the loop's heartbeat is BLOCKED_S old (the handler decides what is blocking)."""
+        main = threading.main_thread().ident
+        while not self._exited.wait(self.TICK_S):
+            if time.monotonic() - self._alive > self.BLOCKED_S:
+                self._redelivered = True
+                signal.pthread_kill(main, signum)
+                self._exited.wait(self.BLOCKED_S)
 
     def _on_signal(self, signum: int) -> None:
-        self._taken += 1
         name = signal.Signals(signum).name
         if self.signal is None:
             self.signal = signum
@@ -677,17 +690,18 @@ async def finish_or_stop(
     `trained`) are saved, and Stopped (or WorkflowFailed) is raised."""
     try:
         return await stop.within(work)
-    except (StopRequested, WorkflowFailed) as e:
+    except (StopRequested, LoopBlocked, WorkflowFailed) as e:
         if isinstance(e, WorkflowFailed):
             log.error("Stopping the run: %s", e)
         if saver is not None and trained > saver.last_step:
             await saver.save(trained)
         if isinstance(e, WorkflowFailed):
             raise
+        why = e.why() if isinstance(e, LoopBlocked) else ""
         if trained == 0:
-            why = "before the first step was trained"
+            why = why or "before the first step was trained"
             raise Stopped(stop.signal, None, stop.paths, stop.mode, why=why) from None
-        raise Stopped(stop.signal, trained, stop.paths, stop.mode) from None
+        raise Stopped(stop.signal, trained, stop.paths, stop.mode, why=why) from None
 
 
 class DataStream:

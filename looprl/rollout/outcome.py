@@ -2,7 +2,10 @@
 way a workflow is run (its timeout, its errors captured) and its reward checked.
 
 `run_workflow` is used by the controller for every rollout and by `looprl debug
-workflow` against any server; `check_reward` is the one rule for what a workflow may
+workflow` against any server; it runs the workflow in a task of its own, so that
+`in_workflow()` tells a signal handler whether the code blocking the event loop is a
+workflow's, and `stop_workflows(loop)` keeps workflows queued on a loop whose run is
+stopping from starting their code; `check_reward` is the one rule for what a workflow may
 return: a finite float, a dict of them by completion id, an EpisodeReward (such a dict
 and the rollout's total), or None (rejected).
 """
@@ -13,6 +16,7 @@ import asyncio
 import math
 import time
 import traceback
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,13 +57,11 @@ async def run_workflow(
     key for posting a reward, None against another server); user code: whatever it
     raises or however long it hangs (cancelled at `timeout_s`) is captured, never raised."""
     start = time.monotonic()
+    kw = dict(base_url=base_url, api_key=api_key, model=model, reward_key=reward_key)
+    task = asyncio.ensure_future(_workflow_task(workflow, row, kw))
+    _workflow_tasks.add(task)
     try:
-        value = await asyncio.wait_for(
-            workflow.run(
-                row, base_url=base_url, api_key=api_key, model=model, reward_key=reward_key
-            ),
-            timeout=timeout_s,
-        )
+        value = await asyncio.wait_for(task, timeout=timeout_s)
     except TimeoutError:
         error = f"TimeoutError: no result after {timeout_s} s"
         return WorkflowRun("timed_out", None, error, start, time.monotonic() - start)
@@ -68,6 +70,31 @@ async def run_workflow(
         elapsed = time.monotonic() - start
         return WorkflowRun("failed", None, error, start, elapsed, user_traceback(e))
     return WorkflowRun("completed", value, None, start, time.monotonic() - start)
+
+
+_workflow_tasks: weakref.WeakSet[asyncio.Future] = weakref.WeakSet()
+_stopped_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+async def _workflow_task(workflow: Workflow, row: dict, kw: dict[str, Any]) -> Any:
+    if asyncio.get_running_loop() in _stopped_loops:
+        raise asyncio.CancelledError  # queued before the run stopped: never starts
+    return await workflow.run(row, **kw)
+
+
+def in_workflow() -> bool:
+    """Whether the code running on this thread's event loop now is a workflow's (a
+    signal handler asks: it runs inside whatever code the main thread runs)."""
+    try:
+        return asyncio.current_task() in _workflow_tasks
+    except RuntimeError:  # no running loop
+        return False
+
+
+def stop_workflows(loop: asyncio.AbstractEventLoop) -> None:
+    """No workflow queued on `loop` starts its code from now on: each is cancelled at its
+    start instead (the run is stopping)."""
+    _stopped_loops.add(loop)
 
 
 # Frames of these folders above the workflow's own are how it was called, not what failed.
