@@ -30,7 +30,7 @@ def import_object(spec: str, what: str = "object") -> Any:
     except AttributeError:
         where = f" ({module.__file__})" if getattr(module, "__file__", None) else ""
         names = _defined_names(module)
-        has = f" (it has: {', '.join(names)})" if names else ""
+        has = f" (it has: {', '.join(names)}); set {what} to one of them" if names else ""
         raise ValueError(
             f"{what} {spec!r}: module {module_name!r}{where} has no {attr!r}{has}"
         ) from None

@@ -80,7 +80,11 @@ MISTAKES = {
     ),
     "class not there": (
         ["workflow.path=my_agents:Agnet"],
-        ["has no 'Agnet' (it has: Agent, Raises, sync_agent)", "my_agents.py"],
+        [
+            "has no 'Agnet' (it has: Agent, Raises, sync_agent)",
+            "my_agents.py",
+            "set workflow.path to one of them",
+        ],
         "workflow",
     ),
     "wrong constructor argument": (

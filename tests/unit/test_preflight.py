@@ -126,6 +126,7 @@ def test_a_workflow_name_the_module_lacks_lists_what_it_has(agents):
     assert problem.part == "workflow"
     assert f"module 'my_agents' ({file}) has no 'Echoes'" in problem.what
     assert "(it has: Echo, Raises, SyncRun, sync_agent, Closes)" in problem.what
+    assert problem.what.endswith("; set workflow.path to one of them")
 
 
 def test_a_constructor_that_raises_shows_the_users_line(agents):
