@@ -103,13 +103,13 @@ def train(
     _preflight(cfg, debug=debug, log_file=None if dry_run else RunPaths(cfg.run_dir).log)
     if dry_run:
         return
-    from looprl.loop import LoopBlocked, Stopped
     from looprl.loop import train as run_training
     from looprl.precision import PrecisionError
     from looprl.rewards import RewardFailed
     from looprl.rewards.sandbox import SandboxUnavailable
     from looprl.rollout.failures import WorkflowFailed
     from looprl.runs.checkpoint import RecoverError
+    from looprl.runs.stopping import Stopped
     from looprl.scheduling.reachability import NodeUnreachable
 
     _setup_logging(cfg.run.log_level, RunPaths(cfg.run_dir).log)
@@ -123,7 +123,7 @@ def train(
     except (RewardFailed, SandboxUnavailable, NodeUnreachable) as e:  # a judge down, no box
         _error(e)
         raise typer.Exit(1) from None
-    except (Stopped, LoopBlocked) as e:
+    except Stopped as e:
         console.print(str(e))
         raise typer.Exit(128 + e.signum) from None
     except WorkflowFailed:  # logged whole, with the workflow's traceback, by the loop

@@ -21,9 +21,8 @@ Routes, each also at plain `/v1/...` without auth or recording when `sessionless
     GET  /health
 Session routes need `Authorization: Bearer <the session's api_key>` (or `x-api-key`, as
 Anthropic's clients send it), the reward route the session's other key, `reward_key`,
-as Bearer (sessions.py says why two): the same 401 for a
-missing or wrong key and for a session that is not open (so a caller cannot probe which
-sessions exist); keys are compared in constant time.
+as Bearer (sessions.py says why two): one 401 for a missing or wrong key and for a
+session not open (a caller cannot probe which exist); keys compared in constant time.
 
 What one request may ask is bounded (gateway.limits, limits.py): body size (413), JSON
 nesting, messages, stop strings, and n x max_tokens. `top_k` at or beyond the

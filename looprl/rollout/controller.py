@@ -142,18 +142,14 @@ class RolloutController:
         sampling_overrides: dict[str, Any] | None = None,
         workflow: Workflow | None = None,
     ) -> RolloutOutcome:
-        """One rollout of `row`, its outcome counted by the failure budget."""
-        outcome = await self._run_one(row, group_id, sampling_overrides, workflow)
+        """One rollout of `row` (its outcome counted by the failure budget: `_counted`)."""
+        return self._counted(await self._run(row, group_id, sampling_overrides, workflow))
+
+    def _counted(self, outcome: RolloutOutcome) -> RolloutOutcome:
         self.failures.record(outcome.status, outcome.error, outcome.traceback)
         return outcome
 
-    async def _run_one(
-        self,
-        row: dict,
-        group_id: str,
-        sampling_overrides: dict[str, Any] | None,
-        workflow: Workflow | None,
-    ) -> RolloutOutcome:
+    async def _run(self, row, group_id, sampling_overrides, workflow) -> RolloutOutcome:
         workflow = workflow or self.workflow
         handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
         try:
@@ -172,13 +168,9 @@ class RolloutController:
         if run.status != "completed":
             self._log_error(run.error, run.traceback)
             return RolloutOutcome(
-                group_id,
-                run.status,
-                error=run.error,
-                elapsed_s=elapsed,
-                started=start,
+                group_id, run.status, error=run.error, elapsed_s=elapsed, started=start,
                 traceback=run.traceback,
-            )
+            )  # fmt: skip
 
         # A reward the workflow returned, else one posted to the session.
         reward, error = check_reward(run.value if run.value is not None else session.reward)
@@ -246,15 +238,11 @@ class RolloutController:
         if kind not in self._errors_logged:
             self._errors_logged.add(kind)
             at = f" at {found}" if (found := where(traceback)) else ""
+            budget = f"rollout.max_failure_share={self.cfg.max_failure_share:g} of the last "
             log.warning(
                 "A rollout ended with %s%s (later %s errors are only counted; the run stops "
-                "when more than rollout.max_failure_share=%g of the last %d rollouts fail)",
-                error,
-                at,
-                kind,
-                self.cfg.max_failure_share,
-                self.failures.window,
-            )
+                "when more than %s%d rollouts fail)", error, at, kind, budget, self.failures.window
+            )  # fmt: skip
 
     async def run_group(
         self,
@@ -516,40 +504,18 @@ class RolloutController:
         return "staleness" if staleness < job.group_size else "concurrency"
 
     def _blocked_message(self, job: _Job, blocked_s: float) -> str:
-        s, cfg, version = self.staleness, self.cfg, self.version()
         who, asked, needed = self._waiting
-        concurrency, staleness = s.terms(version)
-        lines = [
-            f"Rollout admission has blocked {who} for {blocked_s:.1f} s: it waits for "
-            f"{needed} more group(s) and {len(self._in_flight)} are running; a group of "
-            f"{job.group_size} rollouts waits to start ({len(self._jobs)} more queued).",
-            "A group starts when the admission capacity reaches its size; here "
-            f"{s.formula(version)} < {job.group_size} (batch_size counts rollouts: "
-            f"rollout.batch_size={cfg.batch_size} x group_size={cfg.group_size}).",
-        ]
-        if staleness < job.group_size:
-            lines.append(
-                f"The staleness term is the limit: {s.accepted} rollouts were accepted while "
-                f"the policy version stayed at {version}. Raise "
-                f"rollout.max_head_offpolicyness (now {s.max_head_offpolicyness}) to let "
-                "rollouts run further ahead of the trainer, or make sure each new version "
-                "reaches the engine and the controller (controller.notify_version())."
-            )
-            if asked > s.ahead_limit() // cfg.group_size:
-                lines.append(
-                    f"{who} asked for {asked} groups, more than (max_head_offpolicyness + 1) "
-                    f"x rollout.batch_size = {s.ahead_limit() // cfg.group_size} "
-                    "can start before the version advances: ask for at most "
-                    f"rollout.batch_size={cfg.batch_size}, or raise rollout.batch_size."
-                )
-        if concurrency < job.group_size:
-            lines.append(
-                "The concurrency term is the limit: raise rollout.max_concurrent_rollouts "
-                f"(now {s.max_concurrent_rollouts})."
-            )
-        if s.running == 0:
-            lines.append("Nothing is running, so this will not unblock by itself.")
-        return " ".join(lines)
+        return self.staleness.blocked_message(
+            self.version(),
+            f"{who} for {blocked_s:.1f} s: it waits for {needed} more group(s) and "
+            f"{len(self._in_flight)} are running; a group of {job.group_size} rollouts waits "
+            f"to start ({len(self._jobs)} more queued).",
+            who=who,
+            asked=asked,
+            starting=job.group_size,
+            rows=self.cfg.batch_size,
+            group_size=self.cfg.group_size,
+        )
 
     def _on_group_done(self, task: asyncio.Task) -> None:
         self._in_flight.pop(task, None)

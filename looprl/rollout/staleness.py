@@ -71,6 +71,45 @@ class StalenessManager:
             f"{staleness}) = {min(concurrency, staleness)}"
         )
 
+    def blocked_message(
+        self, version: int, blocked: str, *, who: str, asked: int, starting: int, rows: int,
+        group_size: int,
+    ) -> str:  # fmt: skip
+        """The warning when admission blocks `who` (`blocked`: for how long, waiting for
+        what), who `asked` for groups, while a group of `starting` rollouts waits to start
+        (`rows`, `group_size`: rollout.batch_size and group_size): the formula with its
+        numbers, the term that limits, and the setting to raise."""
+        concurrency, staleness = self.terms(version)
+        lines = [
+            f"Rollout admission has blocked {blocked}",
+            "A group starts when the admission capacity reaches its size; here "
+            f"{self.formula(version)} < {starting} (batch_size counts rollouts: "
+            f"rollout.batch_size={rows} x group_size={group_size}).",
+        ]
+        if staleness < starting:
+            lines.append(
+                f"The staleness term is the limit: {self.accepted} rollouts were accepted "
+                f"while the policy version stayed at {version}. Raise "
+                f"rollout.max_head_offpolicyness (now {self.max_head_offpolicyness}) to let "
+                "rollouts run further ahead of the trainer, or make sure each new version "
+                "reaches the engine and the controller (controller.notify_version())."
+            )
+            if asked > self.ahead_limit() // group_size:
+                lines.append(
+                    f"{who} asked for {asked} groups, more than (max_head_offpolicyness + 1) "
+                    f"x rollout.batch_size = {self.ahead_limit() // group_size} "
+                    "can start before the version advances: ask for at most "
+                    f"rollout.batch_size={rows}, or raise rollout.batch_size."
+                )
+        if concurrency < starting:
+            lines.append(
+                "The concurrency term is the limit: raise rollout.max_concurrent_rollouts "
+                f"(now {self.max_concurrent_rollouts})."
+            )
+        if self.running == 0:
+            lines.append("Nothing is running, so this will not unblock by itself.")
+        return " ".join(lines)
+
     def ahead_limit(self) -> int:
         """The most rollouts that can start before the version advances:
         (max_head_offpolicyness + 1) * batch_size."""

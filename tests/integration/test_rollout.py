@@ -93,7 +93,8 @@ async def test_bad_workflows_are_counted_by_outcome_and_none_is_fatal(tiny_model
     kinds = ["good", "raises", "hangs", "none", "good", "nan", "string", "no_call"]
     kinds += ["hangs_in_call", "raises", "good"]
     # Long enough for the good ones' calls on a loaded 2-core machine, short for a test.
-    cfg = rollout_config(tiny_model_dir, "rollout.timeout_s=4")
+    # 7 of 11 fail: counted here, with the failure budget off (it would stop the batch).
+    cfg = rollout_config(tiny_model_dir, "rollout.timeout_s=4", "rollout.max_failure_share=1")
     caplog.set_level(logging.WARNING, logger="looprl.rollout.controller")
     async with start_single_process(startup.start(cfg, train=False), Misbehaving()) as parts:
         start = time.monotonic()

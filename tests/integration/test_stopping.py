@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from looprl.loop import GracefulStop
+from looprl.runs.stopping import GracefulStop
 from tests.support.tiny_run import tiny_run_overrides
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ and `looprl train` whose workflow blocks the event loop, reported and aborted.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from looprl.config import DiagnosticsConfig
 from looprl.diagnostics.watchdog import HangWatchdog, registered
+from looprl.rollout.failures import FailureBudget
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
@@ -115,3 +117,20 @@ def test_a_workflow_blocking_the_event_loop_is_reported_and_aborts_the_run(
     assert len(list((run_dir / "hangs").glob("hang-*.txt"))) == 1
     assert "Hang: driver made no progress" in (run_dir / "train.log").read_text()
     assert elapsed < 60, elapsed  # not the workflow's 600 s
+
+
+def test_a_driver_busy_with_failing_rollouts_is_named_and_not_reported_as_a_hang(tmp_path, caplog):
+    diagnostics = DiagnosticsConfig(hang_timeout_s=0.5, collective_timeout_s=60)
+    budget = FailureBudget(max_failure_share=1.0, window=4)  # retried for ever
+    with (
+        caplog.at_level(logging.WARNING, logger="looprl.diagnostics.watchdog"),
+        HangWatchdog(tmp_path, "driver", diagnostics, busy=budget.activity),
+    ):
+        busy_until = time.monotonic() + 2.0  # four timeouts of failing rollouts
+        while time.monotonic() < busy_until:
+            budget.record("failed", "KeyError: 'missing_key'")
+            time.sleep(0.05)
+        assert not (tmp_path / "hangs").exists()  # no stacks asked, nothing blamed
+        assert "No hang: driver made no training progress for" in caplog.text
+        assert "of them failed (KeyError x" in caplog.text
+        _wait_for_reports(tmp_path, 1)  # once nothing finishes any more: a hang
