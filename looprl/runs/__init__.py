@@ -11,6 +11,7 @@
   sent to the experiment trackers.
 - trajectories.py: the trajectory files, trajectories/step_NNNNNN.parquet (what each
   step trained on), written by `TrajectoryWriter`, read by `looprl show` and the viewer.
+- best.py: `BestPolicy`, the policy at the best held-out evaluation, kept in best/.
 - stopping.py: how a training run stops (a signal, within about a step's time; a
   workflow that fails too often), with what it trained saved first.
 

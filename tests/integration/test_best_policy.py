@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from looprl.loop import BestPolicy, TrainSummary, train
+from looprl.loop import TrainSummary, train
+from looprl.runs.best import BestPolicy
 from looprl.runs.checkpoint import load_tree
 from looprl.runs.paths import RunPaths
 from tests.support.tiny_run import metrics_records

@@ -1,4 +1,4 @@
-"""BestPolicy (loop.py): which evaluation is the best, when best/ is written, what a
+"""BestPolicy (runs/best.py): which evaluation is the best, when best/ is written, what a
 resumed run takes as its best so far. The trainer here writes a one-file folder naming
 the step it holds; tests/integration/test_best_policy.py saves real models."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from looprl.config import load_config
-from looprl.loop import BestPolicy
+from looprl.runs.best import BestPolicy
 from looprl.runs.paths import RunPaths
 
 
@@ -31,7 +31,7 @@ def evals(*accuracies: float) -> list[dict]:
 def best_policy(tmp_path, records, resumed=None, *overrides):
     cfg = load_config(None, [f"run.fileroot={tmp_path}", "eval.every_steps=1", *overrides])
     trainer = FolderTrainer()
-    return BestPolicy(cfg, RunPaths(tmp_path), trainer, None, records, resumed), trainer
+    return BestPolicy(cfg.eval, RunPaths(tmp_path), trainer, None, records, resumed), trainer
 
 
 async def offer(best, trainer, step, accuracy):
