@@ -532,6 +532,23 @@ async def test_prefix_store_skips_shared_and_earlier_tokens(
     await plain.stop()
 
 
+def assert_same_draws(batched: list[list[int]], alone: list[list[int]]) -> None:
+    """Seeded samples drawn in a batch are those drawn alone: the same tokens, except where
+    a draw fell within float rounding of a boundary of the inverse CDF (sampling.py sums
+    the probabilities in token-id order), which moves it to the neighbouring id, after
+    which the sequence goes its own way. The matmuls of a batch of 4 and of 1 round
+    differently on some CPUs (forced AVX2 on an AMX Xeon: the last draw of 40 moved from
+    43580 to 43579); a wrong seed or row would change most draws, not one to its
+    neighbour. At most one such move over the whole comparison."""
+    moved = 0
+    for a, b in zip(batched, alone, strict=True):
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        if first is not None:
+            assert abs(a[first] - b[first]) == 1, (first, a, b)
+            moved += 1
+    assert moved <= 1, (batched, alone)
+
+
 @pytest.mark.parametrize("kernels", ["cpu", "portable"])
 async def test_identical_prompts_share_one_prefill(tiny_model, prompts, kernels):
     """A group's samples are prefilled once; each still matches its prompt run alone."""
@@ -548,7 +565,7 @@ async def test_identical_prompts_share_one_prefill(tiny_model, prompts, kernels)
     await engine.stop()
     assert prefilled_rows[:2] == [2, 1]  # 8 requests -> 2 distinct prompts; 4 -> 1
     assert [g.output_ids for g in gens] == [gens[0].output_ids] * 4 + [gens[4].output_ids] * 4
-    assert [g.output_ids for g in sampled] == [g.output_ids for g in alone]
+    assert_same_draws([g.output_ids for g in sampled], [g.output_ids for g in alone])
     for gen in [*gens, *sampled]:
         expected = teacher_forced_logprobs(tiny_model, gen)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
