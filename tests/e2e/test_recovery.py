@@ -96,9 +96,32 @@ def test_sigkill_at_random_moments_loses_nothing(tiny_model_dir, tmp_path):
     assert kills == KILLS
     assert b"Resumed from" in log
     assert _train_steps(run_dir) == list(range(1, STEPS + 1))
+    if not _matmul_is_batch_invariant():
+        pytest.skip(
+            "every step trained once from valid checkpoints; the final weights are not "
+            "compared: this CPU's float32 matmul rounds a row differently by batch size, "
+            "so a resumed run, whose decode steps group rows differently, samples other "
+            "tokens where the tiny model's near-uniform distribution puts a draw on a "
+            "boundary (2 of 4 runs at bde3581 on an AMX Xeon)"
+        )
     weights = _weights(run_dir)
     for name, tensor in reference.items():
         assert torch.allclose(weights[name], tensor, atol=1e-5, rtol=0), name
+
+
+def _matmul_is_batch_invariant() -> bool:
+    """Whether a row's float32 matmul here is bit for bit the same alone and in a batch
+    (at the tiny model's widths): the condition for an interrupted run to end with the
+    weights of an uninterrupted one, whose engine batched its rows otherwise."""
+    generator = torch.Generator().manual_seed(0)
+    rows, weight = (
+        torch.randn(8, 64, generator=generator),
+        torch.randn(128, 64, generator=generator),
+    )
+    alone = torch.nn.functional.linear(rows[:1], weight)
+    return all(
+        torch.equal(torch.nn.functional.linear(rows[:m], weight)[:1], alone) for m in range(2, 9)
+    )
 
 
 @pytest.mark.slow
