@@ -37,7 +37,7 @@ from rich.text import Text
 from looprl import startup
 from looprl.commands.show import print_call, visible
 from looprl.config import Config
-from looprl.rollout.outcome import WorkflowRun, check_reward, run_workflow
+from looprl.rollout.outcome import WorkflowRun, check_reward, run_in_session, run_workflow
 from looprl.rollout.trajectory import build_trajectories, call_records
 from looprl.scheduling.single_process import start_single_process
 from looprl.tasks import load_task
@@ -135,19 +135,9 @@ async def check_workflow(
             gateway, overrides = parts.gateway, parts.controller.sampling_overrides
 
             async def on_session(row: dict) -> CheckedRollout:
-                handle = gateway.open_session(overrides)  # training's sampling
-                try:
-                    run = await run_workflow(
-                        workflow,
-                        row,
-                        base_url=handle.base_url,
-                        api_key=handle.api_key,
-                        reward_key=handle.reward_key,
-                        model=model,
-                        timeout_s=timeout_s,
-                    )
-                finally:
-                    session = gateway.close_session(handle.id)
+                run, session, _ = await run_in_session(  # training's sampling
+                    gateway, workflow, row, overrides, model=model, timeout_s=timeout_s
+                )
                 return checked(run, session.interactions, session.reward, cfg)
 
             return await _check(on_session, rows, console)

@@ -45,33 +45,23 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from looprl.config import RolloutConfig
 from looprl.rollout.failures import FailureBudget, where
-from looprl.rollout.outcome import RolloutOutcome, RolloutResult, check_reward, run_workflow
+from looprl.rollout.outcome import (
+    RolloutOutcome,
+    RolloutResult,
+    SessionHost,
+    check_reward,
+    run_in_session,
+)
 from looprl.rollout.staleness import StalenessManager
 from looprl.rollout.trajectory import build_trajectories, call_records
-from looprl.types import EpisodeReward, Interaction, SessionHandle
+from looprl.types import EpisodeReward
 from looprl.workflows.protocol import Workflow, resolve_workflow
 
 log = logging.getLogger(__name__)
-
-
-class RecordedSession(Protocol):
-    """What a closed session recorded: its calls, a posted reward, unparseable calls."""
-
-    interactions: list[Interaction]
-    reward: float | dict[str, float] | None
-    tool_call_errors: int
-
-
-class SessionHost(Protocol):
-    """Where rollouts get their OpenAI endpoint: the gateway."""
-
-    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle: ...
-
-    def close_session(self, session_id: str) -> RecordedSession: ...
 
 
 @dataclass
@@ -151,19 +141,14 @@ class RolloutController:
 
     async def _run(self, row, group_id, sampling_overrides, workflow) -> RolloutOutcome:
         workflow = workflow or self.workflow
-        handle = self.host.open_session({**self.sampling_overrides, **(sampling_overrides or {})})
-        try:
-            run = await run_workflow(
-                workflow,
-                row,
-                base_url=handle.base_url,
-                api_key=handle.api_key,
-                reward_key=handle.reward_key,
-                model=self.model_name,
-                timeout_s=self.cfg.timeout_s,
-            )
-        finally:
-            session = self.host.close_session(handle.id)
+        run, session, handle = await run_in_session(
+            self.host,
+            workflow,
+            row,
+            {**self.sampling_overrides, **(sampling_overrides or {})},
+            model=self.model_name,
+            timeout_s=self.cfg.timeout_s,
+        )
         start, elapsed = run.started, run.elapsed_s
         if run.status != "completed":
             self._log_error(run.error, run.traceback)

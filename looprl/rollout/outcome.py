@@ -1,8 +1,9 @@
 """What rollouts come to: each one's outcome, a batch's result and summary, and the one
 way a workflow is run (its timeout, its errors captured) and its reward checked.
 
-`run_workflow` is used by the controller for every rollout and by `looprl debug
-workflow` against any server; it runs the workflow in a task of its own, so that
+`run_workflow` is used by the controller for every rollout (through `run_in_session`,
+as `looprl debug workflow` on its own engine) and by `looprl debug workflow` against any
+server; it runs the workflow in a task of its own, so that
 `in_workflow()` tells a signal handler whether the code blocking the event loop is a
 workflow's, and `stop_workflows(loop)` keeps workflows queued on a loop whose run is
 stopping from starting their code; `check_reward` is the one rule for what a workflow may
@@ -20,10 +21,10 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from looprl.rollout.staleness import sample_staleness
-from looprl.types import EpisodeReward, Trajectory
+from looprl.types import EpisodeReward, Interaction, SessionHandle, Trajectory
 from looprl.workflows.protocol import Workflow
 
 Status = Literal["completed", "rejected", "failed", "timed_out"]
@@ -118,6 +119,50 @@ def user_traceback(error: BaseException) -> str:
     if lines[head_end : head_end + len(frames)] != traceback.format_list(frames):
         return "".join(lines)  # a recursion's "[Previous line repeated ...]": all of it
     return "".join(lines[:head_end] + own + tail)
+
+
+class RecordedSession(Protocol):
+    """What a closed session recorded: its calls, a posted reward, unparseable calls."""
+
+    interactions: list[Interaction]
+    reward: float | dict[str, float] | None
+    tool_call_errors: int
+
+
+class SessionHost(Protocol):
+    """Where rollouts get their OpenAI endpoint: the gateway."""
+
+    def open_session(self, sampling_overrides: dict[str, Any] | None = None) -> SessionHandle: ...
+
+    def close_session(self, session_id: str) -> RecordedSession: ...
+
+
+async def run_in_session(
+    host: SessionHost,
+    workflow: Workflow,
+    row: dict,
+    sampling_overrides: dict[str, Any] | None,
+    *,
+    model: str,
+    timeout_s: float,
+) -> tuple[WorkflowRun, RecordedSession, SessionHandle]:
+    """One run of `workflow` on `row` in a session of `host` opened for it (and closed,
+    whatever the workflow did): what it returned or raised, what the session recorded,
+    and the session's handle. The one way a rollout and `looprl debug workflow` run."""
+    handle = host.open_session(sampling_overrides)
+    try:
+        run = await run_workflow(
+            workflow,
+            row,
+            base_url=handle.base_url,
+            api_key=handle.api_key,
+            reward_key=handle.reward_key,
+            model=model,
+            timeout_s=timeout_s,
+        )
+    finally:
+        session = host.close_session(handle.id)
+    return run, session, handle
 
 
 def check_reward(
