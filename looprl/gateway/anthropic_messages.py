@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from looprl.gateway.schemas import StopString, Text, tagged
+from looprl.gateway.schemas import StopString, tagged
 
 
 class TextBlock(BaseModel):
     type: Literal["text"]
-    text: Text
+    text: str
 
 
 class ToolUseBlock(BaseModel):
@@ -49,7 +49,7 @@ class ToolUseBlock(BaseModel):
 class ToolResultBlock(BaseModel):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
-    content: Text | list[TextBlock] | None = None
+    content: str | list[TextBlock] | None = None
     is_error: bool | None = None
 
     def text(self) -> str:
@@ -76,7 +76,7 @@ ContentBlock = tagged(
 
 class Message(BaseModel):
     role: Literal["user", "assistant"]
-    content: Text | list[ContentBlock]
+    content: str | list[ContentBlock]
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """This message as chat messages (a user message may become several)."""
@@ -116,7 +116,7 @@ class Message(BaseModel):
 class Tool(BaseModel):
     type: Literal["custom"] | None = None
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: Text | None = None
+    description: str | None = None
     input_schema: dict[str, Any]
 
 
@@ -137,7 +137,7 @@ class CountTokensRequest(BaseModel):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    system: Text | list[TextBlock] | None = None
+    system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
 

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from looprl.gateway.schemas import JSONObject, StopString, Text, tagged
+from looprl.gateway.schemas import JSONObject, StopString, tagged
 
 STORED_RESPONSES = 1024  # conversations `looprl serve` keeps for previous_response_id
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -40,13 +40,13 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 class InputText(BaseModel):
     type: Literal["input_text", "output_text", "text"]
-    text: Text
+    text: str
 
 
 class MessageItem(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Text | list[InputText]
+    content: str | list[InputText]
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -58,13 +58,13 @@ class FunctionCallItem(BaseModel):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str
-    arguments: Text
+    arguments: str
 
 
 class FunctionCallOutputItem(BaseModel):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
-    output: Text | list[InputText]
+    output: str | list[InputText]
 
     def text(self) -> str:
         if isinstance(self.output, str):
@@ -83,7 +83,7 @@ InputItem = tagged(
 class FunctionTool(BaseModel):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: Text | None = None
+    description: str | None = None
     parameters: JSONObject | None = None  # echoed in the answer: finite numbers only
     strict: bool | None = None
 
@@ -95,8 +95,8 @@ class NamedFunctionChoice(BaseModel):
 
 class ResponsesRequest(BaseModel):
     model: str | None = None
-    input: Annotated[Text, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
-    instructions: Text | None = None
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None

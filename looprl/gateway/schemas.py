@@ -11,22 +11,6 @@ from pydantic import AfterValidator, BaseModel, Discriminator, Field, Tag, model
 MAX_N = 128  # choices per request: bounds the work one request can queue
 
 
-def _unicode(text: str) -> str:
-    """JSON may escape half a surrogate pair (\\ud800); such text is not Unicode and no
-    tokenizer takes it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(
-            f"the text holds a lone surrogate ({text[e.start]!r} at character {e.start}), "
-            "which is not Unicode: send UTF-8 text"
-        ) from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_unicode)]
-
-
 def _finite(value: Any) -> Any:
     """Python's JSON parser takes Infinity and NaN, which are not JSON: no answer that
     echoes the value (the Responses API's tools) could carry them back."""
@@ -43,7 +27,7 @@ def _finite(value: Any) -> Any:
 
 
 JSONObject = Annotated[dict[str, Any], AfterValidator(_finite)]
-StopString = Annotated[Text, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1)]
 
 
 ITEM_TYPE_ERROR = "item_type"  # a `tagged` union's error: its value's `type` is none of them
@@ -73,12 +57,12 @@ def tagged(default: str | None, **members: type[BaseModel]) -> Any:
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: Text
+    text: str
 
 
 class ToolCallFunction(BaseModel):
     name: str
-    arguments: Text
+    arguments: str
 
 
 class ToolCall(BaseModel):
@@ -90,7 +74,7 @@ class ToolCall(BaseModel):
 class _Message(BaseModel):
     """What every chat message has; the subclasses say which fields each role needs."""
 
-    content: Text | list[TextPart] | None
+    content: str | list[TextPart] | None
 
     def text(self) -> str:
         if self.content is None:
@@ -105,7 +89,7 @@ class _Message(BaseModel):
         return {"role": role, "content": self.text()}
 
 
-Content = Text | list[TextPart]
+Content = str | list[TextPart]
 
 
 class SystemMessage(_Message):
@@ -153,7 +137,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 class FunctionDefinition(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: Text | None = None
+    description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
@@ -226,7 +210,7 @@ class ChatRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: (
-        Annotated[Text, Field(min_length=1)]
+        Annotated[str, Field(min_length=1)]
         | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     )
     logprobs: int | None = Field(None, ge=0, le=20)

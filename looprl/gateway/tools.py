@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.gateway.limits import loads_bounded
+from looprl.gateway.limits import loads_bounded, lone_surrogate
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -123,13 +123,19 @@ def render_messages(
 
 
 def _arguments(calls: list[dict[str, Any]]) -> list[Any]:
-    """Each call's arguments as JSON values (OpenAI sends them as a JSON string)."""
+    """Each call's arguments as JSON values (OpenAI sends them as a JSON string); the
+    string itself where it is not JSON, or is JSON escaping a lone surrogate (which no
+    template output could be tokenized with)."""
     out = []
     for call in calls:
+        arguments = call["function"]["arguments"]
         try:
-            out.append(json.loads(call["function"]["arguments"]))
+            value = json.loads(arguments)
         except json.JSONDecodeError:
-            out.append(call["function"]["arguments"])  # rendered as the string it is
+            out.append(arguments)
+            continue
+        surrogate = "\\u" in arguments and lone_surrogate(value) is not None
+        out.append(arguments if surrogate else value)
     return out
 
 
