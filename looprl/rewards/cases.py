@@ -1,92 +1,58 @@
-"""A code test, judged outside the program: what goes into the box, and the verdict on
-what comes back.
+"""A code test, judged outside the program: what goes into the two boxes, and the
+verdict on what comes back.
 
 A test is one of:
 
-- **a script** whose top-level `assert`s are the checks (`assert f(2) == 4`). The
-  script's other statements run in the box after the program (setup: imports,
-  variables). Of each assert, the box evaluates only the parts that need the program (the
-  *leaves*: `f(2)`, `Solution().solve([3, 1])`, a name the setup bound) and sends their
-  values back as plain data; the comparison, the expected values, and the few builtins a
-  test applies to a result (`len`, `sorted`, `abs`, `math.isclose`, ...) are evaluated
-  here. The expected side never enters the box, so no object the program makes (an
-  `__eq__` that is always true), nothing it patches (`builtins.compile`, `json`), and
-  nothing it reads from its frames decides a pass. HumanEval's `def check(candidate)`
-  with asserts in its body, called once as `check(name)`, is unrolled into top-level
-  asserts.
+- **a script** whose top-level `assert`s are the checks (`assert f(2) == 4`). It is split
+  in two, statement by statement. The *program's box* runs the program, then only what
+  the program must compute: the *leaves* of each assert (the smallest expressions rooted
+  in the program: `f(2)`, `Solution().solve([3, 1])`, a name the program holds) and the
+  test statements their inputs need; it sends the leaves' values back as plain, tagged
+  JSON. The *judge box* runs the test's own code alone, every statement in order, with
+  each leaf replaced by the value the program's box sent: the expected side, the
+  comparison and the test's helpers run where the program never ran, so nothing it
+  patches (`math.exp`, `builtins.all`, `isinstance`), no object it makes (an `__eq__`
+  that is always true) and nothing it reads from the test's setup decides a pass. Here,
+  in the trainer, nothing is evaluated: records are checked and forwarded.
+
+  Names are tracked in order. *Test* names are bound by the test (assignments, imports,
+  defs, loop targets), plus builtins and stdlib modules the test uses unbound (the
+  boxes import those themselves). *Program* names are all others (`f`, `Solution`).
+  A test data name passed into the program (read inside a leaf: the program may mutate
+  it) or bound to a leaf (`r = f(3)`) is *held* by the program's box from then on: each
+  later read of it is a leaf, so `a = [3, 1, 2]; sort_in_place(a); assert a == [1, 2, 3]`
+  reads `a` from the box. HumanEval's `def check(candidate)` with asserts in its body,
+  called once as `check(name)`, is unrolled into top-level asserts first.
 - **a stdin/stdout case** `{"input": ..., "output": ...}`: the program reads the input and
   passes when its stdout equals the output (trailing whitespace of each line and trailing
   blank lines ignored) and it exits 0.
 
-A test this cannot judge outside the program is refused with the reason (an assert
-inside a loop, a function or a branch; a comparison of two values the program computes),
-since the program could decide it.
+A script the two boxes cannot judge apart is refused (UnjudgeableTest) with the line, the
+reason and what to write instead: see `_refuse` callers in `_Splitter`.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
-import math
-import operator
+import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-# Builtins a test may apply to a program's values, evaluated here on plain data.
-_FUNCTIONS = {
-    f.__name__: f
-    for f in (
-        abs,
-        all,
-        any,
-        bool,
-        dict,
-        float,
-        frozenset,
-        int,
-        len,
-        list,
-        max,
-        min,
-        round,
-        set,
-        sorted,
-        str,
-        sum,
-        tuple,
-    )  # fmt: skip
-}
-_MATH = {
-    name: getattr(math, name)
-    for name in (
-        "ceil",
-        "e",
-        "fabs",
-        "floor",
-        "inf",
-        "isclose",
-        "isinf",
-        "isnan",
-        "nan",
-        "pi",
-        "sqrt",
-        "tau",
-    )  # fmt: skip
-}
-_BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}  # fmt: skip
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
-_COMPARE = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_,
-    ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}  # fmt: skip
-_LEAF = "__looprl_leaf_"
-_MAX_ITEMS = 1_000_000  # the largest sequence an expression here may build
+_BUILTINS = frozenset(dir(builtins))
+_STDLIB = frozenset(sys.stdlib_module_names)
+# Test-side calls that would turn the program's data into code, names or files.
+_UNSAFE = frozenset(
+    ("eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "vars",
+     "globals", "locals", "open", "breakpoint", "input")
+)  # fmt: skip
+_UNSAFE_LOADS = frozenset(("pickle", "marshal", "shelve", "dill", "cloudpickle"))
+_CONTROL = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
+            ast.TryStar, ast.Match)  # fmt: skip
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_VALUE, _EMIT, _VERDICT = "__looprl_value__", "__looprl_emit__", "__looprl_verdict__"
 
 
 class UnjudgeableTest(ValueError):
@@ -95,17 +61,17 @@ class UnjudgeableTest(ValueError):
 
 @dataclass(frozen=True)
 class Site:
-    """One top-level assert: its expression with the leaves replaced by placeholders."""
+    """One top-level assert: where it is, and how many leaves the program computes."""
 
     line: int
     source: str
-    expression: ast.expr
     leaves: int
 
 
 @dataclass(frozen=True)
 class ScriptTest:
-    script: str  # what runs in the box after the program
+    program_script: str  # runs after the program, in its box: the leaves and their inputs
+    judge_script: str  # runs alone in the judge box, on the program's values
     sites: list[Site]
 
 
@@ -133,7 +99,8 @@ def parse_test(test: Any) -> Test:
         module = ast.parse(test)
     except SyntaxError as e:
         raise ValueError(f"the test does not parse: {e}") from None
-    return _split_script(_unroll_check(module), test)
+    body = _split_tuple_assignments(_unroll_check(module).body)
+    return _Splitter(body, test).split()
 
 
 def _unroll_check(module: ast.Module) -> ast.Module:
@@ -163,183 +130,496 @@ def _unroll_check(module: ast.Module) -> ast.Module:
     return ast.fix_missing_locations(ast.Module(body=rest + body, type_ignores=[]))
 
 
-def _split_script(module: ast.Module, source: str) -> ScriptTest:
-    known: dict[str, ast.expr] = {}  # names the script bound to values judged here
-    statements: list[ast.stmt] = []
-    sites: list[Site] = []
-    for statement in module.body:
-        if isinstance(statement, ast.Assert):
-            leaves: list[ast.expr] = []
-            expression = _Split(known, leaves).visit(copy.deepcopy(statement.test))
-            _refuse_program_against_program(expression, statement)
-            calls = [ast.Lambda(args=_no_arguments(), body=leaf) for leaf in leaves]
-            emit = ast.Call(
-                func=ast.Name("__looprl_emit__", ast.Load()),
-                args=[ast.Constant(len(sites)), *calls],
-                keywords=[],
+def _split_tuple_assignments(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`a, b = X, Y` as `a = X` and `b = Y` where X and Y do not read a or b, so the
+    program's box gets only the one it needs."""
+    out = []
+    for s in body:
+        target = s.targets[0] if isinstance(s, ast.Assign) and len(s.targets) == 1 else None
+        if (
+            isinstance(target, ast.Tuple | ast.List)
+            and isinstance(s.value, ast.Tuple | ast.List)
+            and len(target.elts) == len(s.value.elts)
+            and all(isinstance(t, ast.Name) for t in target.elts)
+            and not any(isinstance(v, ast.Starred) for v in s.value.elts)
+            and not {t.id for t in target.elts} & _loads(s.value)
+            and len({t.id for t in target.elts}) == len(target.elts)
+        ):
+            for name, value in zip(target.elts, s.value.elts, strict=True):
+                out.append(ast.copy_location(ast.Assign([name], value), s))
+        else:
+            out.append(s)
+    return out
+
+
+def _loads(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """Every name `node` binds anywhere inside it (its own scopes included)."""
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(n.name)
+        elif isinstance(n, ast.alias):
+            names.add((n.asname or n.name).split(".")[0])
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+        elif isinstance(n, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and n.name:
+            names.add(n.name)
+    return names
+
+
+def _refuse(node: ast.AST, source: str, why: str) -> UnjudgeableTest:
+    text = (ast.get_source_segment(source, node) or ast.unparse(node)).split("\n")[0]
+    return UnjudgeableTest(f"line {node.lineno}: `{text[:120]}` {why}")
+
+
+@dataclass
+class _Entry:
+    """One statement of the program's box, or a candidate for it."""
+
+    statement: ast.stmt
+    program: bool  # involves the program: always in its box
+    binds: set[str]  # names it binds or may change
+    rebinds: set[str]  # names it binds afresh (their earlier values are not needed)
+    reads: set[str]
+    setup: bool = False  # a call that reads only modules (`sys.setrecursionlimit(...)`)
+
+
+class _Splitter:
+    """Walks a script's statements in order, classing each name as the test's, the
+    program's or held by the program's box, and builds both boxes' scripts."""
+
+    def __init__(self, body: list[ast.stmt], source: str):
+        self.body, self.source = body, source
+        self.kind: dict[str, str] = {}  # name -> "data", "fixed" (import/def) or "held"
+        self.bound_anywhere = set().union(*(_bound(s) for s in body)) if body else set()
+        # Stdlib modules used as `module.attribute` and never bound: imported by the boxes.
+        attribute_roots = {
+            n.value.id for s in body for n in ast.walk(s)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+        }  # fmt: skip
+        self.modules = (attribute_roots & _STDLIB) - self.bound_anywhere
+        self.entries: list[_Entry] = []
+        self.judge: list[ast.stmt] = []
+        self.sites: list[Site] = []
+
+    # ---- names ---------------------------------------------------------------------
+
+    def program_side(self, name: str) -> bool:
+        kind = self.kind.get(name)
+        if kind is not None:
+            return kind == "held"
+        return name not in _BUILTINS and name not in self.modules
+
+    def involves(self, node: ast.AST, local: frozenset[str] = frozenset()) -> bool:
+        """Whether evaluating `node` reads a program or held name (`local`: the
+        enclosing comprehensions' and lambdas' own variables)."""
+        if isinstance(node, ast.Name):
+            return (
+                isinstance(node.ctx, ast.Load)
+                and node.id not in local
+                and (self.program_side(node.id))
             )
-            statements.append(ast.Expr(emit))
-            text = ast.get_source_segment(source, statement) or ast.unparse(statement)
-            sites.append(Site(statement.lineno, text[:200], expression, len(leaves)))
-            continue
+        if isinstance(node, ast.Lambda):
+            inner = local | _bound(node.args)
+            defaults = [*node.args.defaults, *filter(None, node.args.kw_defaults)]
+            return any(self.involves(d, local) for d in defaults) or self.involves(node.body, inner)
+        if isinstance(node, _COMPREHENSIONS):
+            first, inner = node.generators[0].iter, local | _comprehension_names(node)
+            rest = [c for c in ast.iter_child_nodes(node) if c is not node.generators[0]]
+            rest += [c for c in ast.iter_child_nodes(node.generators[0]) if c is not first]
+            return self.involves(first, local) or any(self.involves(c, inner) for c in rest)
+        return any(self.involves(c, local) for c in ast.iter_child_nodes(node))
+
+    def is_leaf(self, node: ast.AST, local: frozenset[str]) -> bool:
+        match node:
+            case ast.Name():
+                return self.involves(node, local)
+            case ast.Call(func=func):
+                return self.involves(func, local)
+            case ast.Attribute(value=value) | ast.Subscript(value=value):
+                return self.involves(value, local)
+        return False
+
+    # ---- the walk ------------------------------------------------------------------
+
+    def split(self) -> ScriptTest:
+        for statement in self.body:
+            self.statement(statement)
+        if not self.sites:
+            raise UnjudgeableTest(
+                "the test has no top-level assert on what the program computes: a test is "
+                "judged by its top-level asserts or is a stdin/stdout case"
+            )
+        used = set().union(*(_loads(s) for s in self.judge))
+        judge = [_import(m) for m in sorted(self.modules & used)] + self.judge
+        program = self.program_statements()
+        used = set().union(*(_loads(s) for s in program)) if program else set()
+        program = [_import(m) for m in sorted(self.modules & used)] + program
+        return ScriptTest(_unparse(program), _unparse(judge), self.sites)
+
+    def statement(self, statement: ast.stmt) -> None:
+        if isinstance(statement, ast.Assert):
+            return self.assertion(statement)
         for node in ast.walk(statement):
             if isinstance(node, ast.Assert):
-                raise UnjudgeableTest(
-                    f"line {node.lineno}: an assert inside a {type(statement).__name__.lower()} "
-                    "statement runs in the program's interpreter, where the program could decide "
-                    "it; write each check as a top-level assert, or use stdin/stdout cases"
+                raise _refuse(
+                    node,
+                    self.source,
+                    f"is inside a {type(statement).__name__.lower()} statement: only top-level "
+                    "asserts are judged outside the program; write each check as a top-level "
+                    "assert, or use stdin/stdout cases",
                 )
-        _track_names(statement, known)
-        statements.append(statement)
-    if not sites:
-        raise UnjudgeableTest(
-            "the test has no top-level assert: a test is judged by its top-level asserts "
-            "(evaluated outside the program) or is a stdin/stdout case"
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return self.definition(statement)
+        if isinstance(statement, ast.Import | ast.ImportFrom):
+            names = _bound(statement)
+            self.test_only(statement, names, names, fixed=True)
+            return None
+        if isinstance(statement, _CONTROL):
+            names = _bound(statement)
+            if self.involves(statement, frozenset(names)):
+                raise _refuse(
+                    statement,
+                    self.source,
+                    "uses the program inside control flow (if/for/while/with/try), which "
+                    "would run in the program's box; write each check as a top-level assert "
+                    "on a call with literal arguments",
+                )
+            return self.test_only(statement, names | _loads(statement), names)
+        if not self.involves(statement):
+            return self.simple_test_statement(statement)
+        return self.program_statement(statement)
+
+    def assertion(self, statement: ast.Assert) -> None:
+        if not self.involves(statement.test):
+            if isinstance(statement.test, ast.Constant):  # HumanEval's `assert True, "..."`
+                self.judge.append(statement)
+                return
+            raise _refuse(
+                statement,
+                self.source,
+                "does not check anything the program computes (no name or call in it is the "
+                "program's); assert on the program's results, e.g. `assert f(2) == 4`",
+            )
+        site = len(self.sites)
+        leaves: list[ast.expr] = []
+        expression = _Leaves(self, site, leaves).visit(copy.deepcopy(statement.test))
+        for node in ast.walk(expression):
+            if isinstance(node, ast.Compare) and all(
+                _has_value(side) for side in [node.left, *node.comparators]
+            ):
+                raise _refuse(
+                    statement,
+                    self.source,
+                    "compares values that all come from the program's box, which could make "
+                    "them agree; compare the program's value with a literal (or a name the "
+                    "test binds to one)",
+                )
+        emit = ast.Call(
+            ast.Name(_EMIT, ast.Load()),
+            [ast.Constant(site), *[ast.Lambda(_no_arguments(), leaf) for leaf in leaves]],
+            [],
         )
-    script = ast.unparse(ast.fix_missing_locations(ast.Module(statements, type_ignores=[])))
-    return ScriptTest(script, sites)
+        reads = set().union(*(_loads(leaf) for leaf in leaves))
+        self.entries.append(_Entry(ast.Expr(emit), True, set(), set(), reads))
+        verdict = ast.Call(
+            ast.Name(_VERDICT, ast.Load()),
+            [ast.Constant(site), ast.Lambda(_no_arguments(), expression)],
+            [],
+        )
+        self.judge.append(ast.Expr(verdict))
+        text = ast.get_source_segment(self.source, statement) or ast.unparse(statement)
+        self.sites.append(Site(statement.lineno, text[:200], len(leaves)))
+        self.hold(reads)
+
+    def definition(self, statement: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        outside = [*statement.decorator_list]
+        if isinstance(statement, ast.ClassDef):
+            outside += [*statement.bases, *(k.value for k in statement.keywords)]
+        else:
+            outside += [*statement.args.defaults, *filter(None, statement.args.kw_defaults)]
+        if any(self.involves(node) for node in outside):
+            raise _refuse(
+                statement,
+                self.source,
+                "uses the program in its decorators, bases or defaults; define the test's "
+                "helpers from the test's own values",
+            )
+        inside = _bound(statement)
+        for name in sorted(_loads(statement) - inside):
+            held = self.kind.get(name) == "held"
+            if held or (
+                name not in self.bound_anywhere
+                and name not in _BUILTINS
+                and name not in self.modules
+            ):
+                what = "class" if isinstance(statement, ast.ClassDef) else "function"
+                raise _refuse(
+                    statement, self.source,
+                    f"is the test's own {what} "
+                    f"but uses `{name}`, which the program defines or computes: its body "
+                    "would judge with the program's code; pass the program's result to it "
+                    f"as an argument instead (`{statement.name}(f(3))`)",
+                )  # fmt: skip
+        self.test_only(statement, {statement.name}, {statement.name}, fixed=True)
+
+    def simple_test_statement(self, statement: ast.stmt) -> None:
+        stored = _bound(statement)
+        reads = _loads(statement)
+        # A call or an augmented or item assignment may change the names it reads.
+        changed = reads if isinstance(statement, ast.Expr | ast.AugAssign) else set()
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Subscript | ast.Attribute) and not isinstance(
+                node.ctx, ast.Load
+            ):
+                changed |= _loads(node)
+        fresh = stored if isinstance(statement, ast.Assign | ast.AnnAssign) else set()
+        entry = self.test_only(statement, stored | changed, fresh)
+        entry.setup = isinstance(statement, ast.Expr) and all(
+            self.kind.get(n, "fixed") == "fixed" for n in reads
+        )
+
+    def test_only(
+        self, statement: ast.stmt, binds: set[str], fresh: set[str], fixed: bool = False
+    ) -> _Entry:
+        """A statement of the test alone: it runs in the judge box, and in the program's
+        box only where a leaf needs what it binds. The names it binds are the test's."""
+        entry = _Entry(statement, False, binds, fresh, _loads(statement))
+        self.entries.append(entry)
+        self.judge.append(statement)
+        named = isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for name in fresh if named else _bound(statement):
+            self.kind[name] = "fixed" if fixed else "data"
+        return entry
+
+    def program_statement(self, statement: ast.stmt) -> None:
+        """`NAME = <leaf>`, `a, b = <leaf>` or `<leaf>` alone: run in the program's box
+        as written (an exception there ends it: the test fails); the names are held."""
+        value = getattr(statement, "value", None)
+        if isinstance(statement, ast.Assign | ast.AnnAssign):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        else:
+            targets = []
+        names_only = all(
+            isinstance(t, ast.Name)
+            or (
+                isinstance(t, ast.Tuple | ast.List)
+                and all(isinstance(e, ast.Name | ast.Starred) for e in t.elts)
+            )
+            for t in targets
+        )
+        shaped = (isinstance(statement, ast.Expr) or (targets and names_only)) and value
+        if not shaped or not self.is_leaf(value, frozenset()):
+            raise _refuse(
+                statement, self.source,
+                "computes with the program's values outside an assert, in the program's box; "
+                "bind only a call's result (`r = f(3)`) or call it alone (`sort_in_place(a)`), "
+                "and do the rest inside the assert (`assert r - 10 == 5`)",
+            )  # fmt: skip
+        _refuse_walrus(value, self.source)
+        reads = _loads(value)
+        stored = set().union(*(_bound(t) for t in targets)) if targets else set()
+        self.entries.append(_Entry(statement, True, stored, stored, reads))
+        self.hold(reads)
+        for name in stored:
+            self.kind[name] = "held"
+
+    def hold(self, names: set[str]) -> None:
+        """The test's data passed into the program: its box's copy is the one read now."""
+        for name in names:
+            if self.kind.get(name) == "data":
+                self.kind[name] = "held"
+
+    def program_statements(self) -> list[ast.stmt]:
+        """The program box's statements: every program one, and a test one where it
+        binds (or may change) a name a later kept statement reads, or sets up modules."""
+        needed: set[str] = set()
+        kept: list[ast.stmt] = []
+        for entry in reversed(self.entries):
+            if entry.program or entry.setup or entry.binds & needed:
+                kept.append(entry.statement)
+                needed = (needed - entry.rebinds) | entry.reads
+        return kept[::-1]
+
+
+class _Leaves(ast.NodeTransformer):
+    """Replaces each leaf of an assert's expression by `__looprl_value__(site, i)` and
+    collects the leaves; refuses what the judge box must not do with program values."""
+
+    def __init__(self, splitter: _Splitter, site: int, leaves: list[ast.expr]):
+        self.splitter, self.site, self.leaves = splitter, site, leaves
+        self.local: frozenset[str] = frozenset()
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        splitter = self.splitter
+        if not isinstance(node, ast.expr):
+            return self.generic_visit(node)  # keywords, slices' parts
+        if not splitter.involves(node, self.local):
+            return node
+        if splitter.is_leaf(node, self.local):
+            inner = _loads(node) & self.local
+            if inner:
+                raise _refuse(
+                    node, splitter.source,
+                    f"calls the program with `{sorted(inner)[0]}`, a variable of the "
+                    "comprehension or lambda around it: the iteration would run in the "
+                    "program's box, where it could be cut short; write one top-level assert "
+                    "per input (`assert f(0) > 0`) or assert on a list the program returns",
+                )  # fmt: skip
+            _refuse_walrus(node, splitter.source)
+            self.leaves.append(node)
+            call = ast.Call(
+                ast.Name(_VALUE, ast.Load()),
+                [ast.Constant(self.site), ast.Constant(len(self.leaves) - 1)],
+                [],
+            )
+            return ast.copy_location(call, node)
+        if isinstance(node, ast.NamedExpr):
+            raise _refuse(
+                node,
+                splitter.source,
+                "binds a name with := inside an assert; bind it in a statement of its own",
+            )
+        if isinstance(node, ast.Call) and _unsafe(node.func, splitter):
+            raise _refuse(
+                node,
+                splitter.source,
+                "turns the program's data into code, names or files in the judge box; "
+                "compare the program's value with the expected one instead",
+            )
+        if isinstance(node, (ast.Lambda, *_COMPREHENSIONS)):
+            return self.scoped(node)
+        return self.generic_visit(node)
+
+    def scoped(self, node: ast.expr) -> ast.AST:
+        outer = self.local
+        if isinstance(node, ast.Lambda):
+            node.args = self.generic_visit(node.args)
+            self.local = outer | _bound(node.args)
+            node.body = self.visit(node.body)
+        else:
+            first = node.generators[0]
+            first.iter = self.visit(first.iter)
+            self.local = outer | _comprehension_names(node)
+            for generator in node.generators:
+                if generator is not first:
+                    generator.iter = self.visit(generator.iter)
+                generator.ifs = [self.visit(i) for i in generator.ifs]
+            for field in ("elt", "key", "value"):
+                if hasattr(node, field):
+                    setattr(node, field, self.visit(getattr(node, field)))
+        self.local = outer
+        return node
+
+
+def _unsafe(func: ast.expr, splitter: _Splitter) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id in _UNSAFE and splitter.kind.get(func.id) is None
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id in _UNSAFE_LOADS
+        and func.attr.startswith("load")
+    )
+
+
+def _refuse_walrus(node: ast.AST, source: str) -> None:
+    for n in ast.walk(node):
+        if isinstance(n, ast.NamedExpr):
+            raise _refuse(
+                n,
+                source,
+                "binds a name with := where the program is used; bind it in a statement of its own",
+            )
+
+
+def _comprehension_names(node: ast.expr) -> frozenset[str]:
+    return frozenset().union(*(_bound(g.target) for g in node.generators))
+
+
+def _has_value(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == _VALUE
+        for n in ast.walk(node)
+    )
+
+
+def _import(module: str) -> ast.stmt:
+    return ast.Import([ast.alias(module)])
 
 
 def _no_arguments() -> ast.arguments:
     return ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
 
 
-def _track_names(statement: ast.stmt, known: dict[str, ast.expr]) -> None:
-    """After `statement`: `NAME = <value judged here>` makes NAME known; any other
-    binding of a name forgets it."""
-    if (
-        isinstance(statement, ast.Assign)
-        and len(statement.targets) == 1
-        and isinstance(statement.targets[0], ast.Name)
-    ):
-        leaves: list[ast.expr] = []
-        value = _Split(known, leaves).visit(copy.deepcopy(statement.value))
-        name = statement.targets[0].id
-        if leaves:  # the program computes it: judged in the box from here on
-            known.pop(name, None)
-        else:
-            known[name] = value
-        return
-    for node in ast.walk(statement):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            known.pop(node.id, None)
-        elif isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
-            known.pop(node.name, None)
-        elif isinstance(node, ast.alias):
-            known.pop((node.asname or node.name).split(".")[0], None)
-
-
-class _Split(ast.NodeTransformer):
-    """Keeps what is judged here (literals, operators, comparisons, the allowed builtins,
-    names bound to such values) and turns every other subexpression into a leaf: a
-    placeholder here, a value the box computes."""
-
-    def __init__(self, known: dict[str, ast.expr], leaves: list[ast.expr]):
-        self.known, self.leaves = known, leaves
-
-    def leaf(self, node: ast.expr) -> ast.Name:
-        self.leaves.append(node)
-        return ast.Name(f"{_LEAF}{len(self.leaves) - 1}", ast.Load())
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        # Operators and contexts stay; any expression kind not kept below is a leaf.
-        return self.leaf(node) if isinstance(node, ast.expr) else node
-
-    def visit_Constant(self, node: ast.Constant) -> ast.AST:
-        return node
-
-    def _children(self, node: ast.AST) -> ast.AST:
-        return super().generic_visit(node)
-
-    visit_Tuple = visit_List = visit_Set = visit_Dict = _children
-    visit_BinOp = visit_BoolOp = visit_Compare = visit_IfExp = _children
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
-        return self._children(node) if type(node.op) in _UNARY else self.leaf(node)
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id in self.known:
-            return copy.deepcopy(self.known[node.id])
-        return node if node.id in _FUNCTIONS else self.leaf(node)  # sorted(x, key=len)
-
-    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        return node if _is_math(node) else self.leaf(node)
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        func = node.func
-        allowed = (isinstance(func, ast.Name) and func.id in _FUNCTIONS) or _is_math(func)
-        if not allowed or any(isinstance(a, ast.Starred) for a in node.args):
-            return self.leaf(node)
-        if any(k.arg is None for k in node.keywords):
-            return self.leaf(node)
-        node.args = [self.visit(a) for a in node.args]
-        for keyword in node.keywords:
-            keyword.value = self.visit(keyword.value)
-        return node
-
-
-def _is_math(node: ast.expr) -> bool:
-    return (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "math"
-        and node.attr in _MATH
-    )
-
-
-def _has_leaf(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Name) and n.id.startswith(_LEAF) for n in ast.walk(node))
-
-
-def _refuse_program_against_program(expression: ast.expr, statement: ast.Assert) -> None:
-    for node in ast.walk(expression):
-        if isinstance(node, ast.Compare) and all(
-            _has_leaf(side) for side in [node.left, *node.comparators]
-        ):
-            raise UnjudgeableTest(
-                f"line {statement.lineno}: `{ast.unparse(statement)[:120]}` compares values "
-                "that all come from the program's interpreter, which could make them agree; "
-                "compare the program's value with a literal (or a name the test binds to one)"
-            )
+def _unparse(statements: list[ast.stmt]) -> str:
+    return ast.unparse(ast.fix_missing_locations(ast.Module(statements, type_ignores=[])))
 
 
 # ---- the verdict ---------------------------------------------------------------------
 
 
-def judge_script(test: ScriptTest, records: list[dict]) -> tuple[bool, str]:
-    """(passed, why not) from the box's records: every assert reported once, with values
-    that make it true here, and the script ran to its end."""
-    values: dict[int, list[dict]] = {}
-    done = False
+def program_values(test: ScriptTest, records: list[dict]) -> tuple[str | None, str]:
+    """(the leaves' values as the judge box's data, why not) from the program box's
+    records: every assert reported once, in order, each leaf a value, an error or an
+    opaque object, then done. The values stay JSON; nothing is decoded here."""
+    values: list[list] = []
     for record in records:
-        if record == {"done": True} and not done:
-            done = True
-            continue
-        site = record.get("site")
+        site = len(values)
+        if site == len(test.sites):
+            if record != {"done": True} or record is not records[-1]:
+                return None, f"a results record out of place: {str(record)[:120]}"
+            try:
+                return json.dumps(values), ""
+            except (ValueError, RecursionError):
+                return None, "the program's values are nested too deeply to forward"
+        leaves = record.get("values")
         if (
-            done
-            or set(record) != {"site", "values"}
-            or type(site) is not int
-            or not 0 <= site < len(test.sites)
-            or site in values
-            or not isinstance(record["values"], list)
-            or len(record["values"]) != test.sites[site].leaves
+            set(record) != {"site", "values"}
+            or type(record["site"]) is not int
+            or record["site"] != site
+            or not isinstance(leaves, list)
+            or len(leaves) != test.sites[site].leaves
+            or not all(_is_entry(v) for v in leaves)
         ):
-            return False, f"a results record out of place: {str(record)[:120]}"
-        values[site] = record["values"]
+            return None, f"a results record out of place: {str(record)[:120]}"
+        values.append(leaves)
+    if len(values) < len(test.sites):
+        site = test.sites[len(values)]
+        return None, f"line {site.line}: `{site.source}` was never reached"
+    return None, "the test did not run to its end"
+
+
+def _is_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict) or len(entry) != 1:
+        return False
+    (key, value), = entry.items()  # fmt: skip
+    return key == "value" or (key in ("error", "opaque") and isinstance(value, str))
+
+
+def judge_verdicts(test: ScriptTest, records: list[dict]) -> tuple[bool, str]:
+    """(passed, why not) from the judge box's records: every assert's verdict, in
+    order, each passed, then done."""
     for index, site in enumerate(test.sites):
-        if index not in values:
-            return False, f"line {site.line}: `{site.source}` was never reached"
-        try:
-            leaves = [_leaf_value(v) for v in values[index]]
-            if not _Evaluate(leaves).run(site.expression):
-                return False, f"line {site.line}: `{site.source}` is false"
-        except _LeafError as e:
-            return False, f"line {site.line}: `{site.source}` raised {e}"
-        except (TypeError, ValueError, ArithmeticError, KeyError, IndexError, RecursionError) as e:
-            return False, f"line {site.line}: `{site.source}`: {type(e).__name__}: {e}"[:300]
-    if not done:
-        return False, "the test did not run to its end"
+        if index >= len(records):
+            return False, f"line {site.line}: `{site.source}` was never judged"
+        record = records[index]
+        if (
+            set(record) != {"site", "passed", "why"}
+            or record["site"] != index
+            or type(record["passed"]) is not bool
+        ):
+            return False, f"a verdict record out of place: {str(record)[:120]}"
+        if not record["passed"]:
+            return False, f"line {site.line}: `{site.source}` {record['why']}"[:400]
+    if records[len(test.sites) :] != [{"done": True}]:
+        return False, "the judge did not run to its end"
     return True, ""
 
 
@@ -356,125 +636,3 @@ def _lines(text: str) -> list[str]:
     while lines and not lines[-1]:
         lines.pop()
     return lines
-
-
-class _LeafError(Exception):
-    """A leaf the box could not compute (an exception in the program)."""
-
-
-def _leaf_value(entry: Any) -> Any:
-    if not isinstance(entry, dict) or len(entry) != 1:
-        raise ValueError("a malformed value")
-    if "error" in entry:
-        return _Failed(str(entry["error"])[:300])
-    if "value" not in entry:
-        raise ValueError("a malformed value")
-    return decode(entry["value"])
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: str
-
-
-def decode(data: Any) -> Any:
-    """The plain value the box's tagged JSON stands for."""
-    if data is None or type(data) in (bool, int, float, str):
-        return data
-    if type(data) is list:
-        return [decode(v) for v in data]
-    if type(data) is dict and len(data) == 1:
-        (tag, items), = data.items()  # fmt: skip
-        if tag == "$bytes" and type(items) is str:
-            return bytes.fromhex(items)
-        if type(items) is list:
-            if tag == "$tuple":
-                return tuple(decode(v) for v in items)
-            if tag == "$set":
-                return {decode(v) for v in items}
-            if tag == "$frozenset":
-                return frozenset(decode(v) for v in items)
-            if tag == "$dict" and all(type(p) is list and len(p) == 2 for p in items):
-                return {decode(k): decode(v) for k, v in items}
-    raise ValueError(f"not a value the box encodes: {str(data)[:100]}")
-
-
-class _Evaluate:
-    """Evaluates a split assert on plain data: only the node kinds `_Split` keeps."""
-
-    def __init__(self, leaves: list[Any]):
-        self.leaves = leaves
-
-    def run(self, node: ast.expr) -> Any:
-        if isinstance(node, ast.Name) and node.id.startswith(_LEAF):
-            value = self.leaves[int(node.id.removeprefix(_LEAF))]
-            if isinstance(value, _Failed):
-                raise _LeafError(value.error)
-            return value
-        return self.run_node(node)
-
-    def run_node(self, node: ast.expr) -> Any:
-        match node:
-            case ast.Constant(value=value):
-                return value
-            case ast.Tuple(elts=items):
-                return tuple(self.run(i) for i in items)
-            case ast.List(elts=items):
-                return [self.run(i) for i in items]
-            case ast.Set(elts=items):
-                return {self.run(i) for i in items}
-            case ast.Dict(keys=keys, values=values) if None not in keys:
-                return {self.run(k): self.run(v) for k, v in zip(keys, values, strict=True)}
-            case ast.UnaryOp(op=op, operand=operand):
-                return _UNARY[type(op)](self.run(operand))
-            case ast.BinOp(left=left, op=op, right=right):
-                return _binary(type(op), self.run(left), self.run(right))
-            case ast.BoolOp(op=ast.And(), values=values):
-                result = True
-                for v in values:
-                    result = self.run(v)
-                    if not result:
-                        return result
-                return result
-            case ast.BoolOp(op=ast.Or(), values=values):
-                result = False
-                for v in values:
-                    result = self.run(v)
-                    if result:
-                        return result
-                return result
-            case ast.Compare(left=left, ops=ops, comparators=comparators):
-                current = self.run(left)
-                for op, comparator in zip(ops, comparators, strict=True):
-                    following = self.run(comparator)
-                    if not _COMPARE[type(op)](current, following):
-                        return False
-                    current = following
-                return True
-            case ast.IfExp(test=test, body=body, orelse=orelse):
-                return self.run(body) if self.run(test) else self.run(orelse)
-            case ast.Attribute():
-                return _MATH[node.attr]
-            case ast.Name(id=name):
-                return _FUNCTIONS[name]
-            case ast.Call(func=func, args=args, keywords=keywords):
-                function = (
-                    _MATH[func.attr] if isinstance(func, ast.Attribute) else _FUNCTIONS[func.id]
-                )
-                kwargs = {k.arg: self.run(k.value) for k in keywords}
-                return function(*[self.run(a) for a in args], **kwargs)
-        raise ValueError(f"cannot evaluate {ast.unparse(node)[:80]} here")
-
-
-def _binary(op: type, left: Any, right: Any) -> Any:
-    """`left op right`, refusing results too large to build here."""
-    if op is ast.Pow and isinstance(right, int | float) and abs(right) > 1000:
-        raise ValueError(f"an exponent of {right} is too large to evaluate here")
-    if op is ast.Pow and isinstance(left, int) and abs(left) > 2**64:
-        raise ValueError("a base that large is not raised to a power here")
-    if op is ast.Mult:
-        for sequence, count in ((left, right), (right, left)):
-            sized = isinstance(sequence, str | list | tuple | bytes) and isinstance(count, int)
-            if sized and len(sequence) * count > _MAX_ITEMS:
-                raise ValueError("a repeated sequence too long to build here")
-    return _BINARY[op](left, right)

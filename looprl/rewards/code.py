@@ -4,9 +4,11 @@ outside the program.
 The program is the last ```python (or plain ```) fenced block of the completion, else
 the whole completion. The tests are the row's `reward.code.tests_field`: a list of test
 scripts or stdin/stdout cases (looprl/rewards/cases.py), each run with the program in a
-box of its own (looprl/rewards/sandbox.py). What the box sends back is data; the
-verdict is made here. A program that crashes, exits early, truncates its output, writes
-on looprl's results pipe or kills itself fails its test (0 for it). Only a box that
+box of its own (looprl/rewards/sandbox.py); a script's asserts are then judged in a
+second box that runs the test alone on the values the program's box sent back. What
+comes back is data: nothing is evaluated here. A program that crashes, exits early,
+truncates its output, writes on looprl's results pipe or kills itself fails its test (0
+for it). Only a box that
 looprl could not start is a sandbox error: the rollout is rejected (the model is not
 punished for the machine), the first one is logged, and `check_failures` stops the run
 when a step's sandbox errors pass `reward.max_failure_rate`.
@@ -22,8 +24,15 @@ from collections.abc import AsyncIterator
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards import Scorer, check_failure_rate
-from looprl.rewards.cases import ScriptTest, Test, judge_script, judge_stdio, parse_test
-from looprl.rewards.sandbox import Sandbox
+from looprl.rewards.cases import (
+    StdioTest,
+    Test,
+    judge_stdio,
+    judge_verdicts,
+    parse_test,
+    program_values,
+)
+from looprl.rewards.sandbox import BoxRun, Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +111,33 @@ class CodeReward:
         return passed / len(tests)
 
     async def run_test(self, program: str, test: Test) -> bool | None:
-        """Whether `program` passes `test`; None when the box could not start."""
-        if isinstance(test, ScriptTest):
-            run = await self.sandbox.run(program, test.script)
-        else:
-            run = await self.sandbox.run(program, None, test.input)
+        """Whether `program` passes `test`; None when a box could not start.
+
+        A script takes two boxes: the program's, which computes the asserts' leaves, and
+        then, if it ran to its end, the judge box, which runs the test alone on those
+        values (looprl/rewards/cases.py)."""
+        if isinstance(test, StdioTest):
+            run = await self._box(program, None, test.input)
+            if not isinstance(run, BoxRun):
+                return run
+            return judge_stdio(test, run.stdout, run.returncode)[0]
+        run = await self._box(program, test.program_script)
+        if not isinstance(run, BoxRun):
+            return run
+        values, _ = program_values(test, run.records)
+        if values is None:
+            return False
+        judged = await self._box("", test.judge_script, data=values)
+        if not isinstance(judged, BoxRun):
+            return judged
+        return judge_verdicts(test, judged.records)[0]
+
+    async def _box(
+        self, program: str, script: str | None, stdin: str = "", data: str | None = None
+    ) -> BoxRun | bool | None:
+        """The box's run; False when it timed out or went over a budget (the test
+        fails), None when it could not start (a sandbox error)."""
+        run = await self.sandbox.run(program, script, stdin, data)
         if not run.started:
             self._last_error = run.output.strip()[-300:]
             if not self._warned:
@@ -121,9 +152,7 @@ class CodeReward:
         self._counts["reward_code_over_budget"] += run.killed_for is not None
         if run.timed_out or run.killed_for:
             return False
-        if isinstance(test, ScriptTest):
-            return judge_script(test, run.records)[0]
-        return judge_stdio(test, run.stdout, run.returncode)[0]
+        return run
 
     def check_failures(self, max_rate: float, min_judgments: int) -> None:
         """RewardFailed when more than `max_rate` of the rollouts since the last

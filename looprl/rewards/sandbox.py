@@ -243,7 +243,9 @@ class Sandbox:
             f"{self.cfg.max_processes} processes per box)"
         )
 
-    async def run(self, program: str, script: str | None = None, stdin: str = "") -> BoxRun:
+    async def run(
+        self, program: str, script: str | None = None, stdin: str = "", data: str | None = None
+    ) -> BoxRun:
         """Run `program`, then `script` in its scope (or, without a script, `program`
         alone reading `stdin`). Never raises for what the program does."""
         async with self._slots:
@@ -252,15 +254,16 @@ class Sandbox:
                 workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="looprl-")))
                 uid = stack.enter_context(self._uids.claim()) if self._uids else None
                 try:
-                    return await self._run(workdir, uid, program, script, stdin, start)
+                    return await self._run(workdir, uid, program, script, stdin, start, data)
                 except (OSError, ValueError, RuntimeError) as e:
                     error = f"{type(e).__name__}: {e}"
                     return BoxRun(False, False, None, [], "", error, time.monotonic() - start)
 
     async def _run(self, workdir: Path, uid: int | None, program: str, script: str | None,
-                   stdin: str, start: float) -> BoxRun:  # fmt: skip
+                   stdin: str, start: float, data: str | None) -> BoxRun:  # fmt: skip
         cfg = self.cfg
-        task = {"program": program, "script": script, "max_processes": self._process_cap()}
+        task = {"program": program, "script": script, "data": data,
+                "max_processes": self._process_cap()}  # fmt: skip
         (workdir / "task").write_text(json.dumps(task))
         (workdir / "stdin").write_text(stdin)
         files = {
