@@ -26,6 +26,7 @@ import pytest
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards import RewardFailed
+from looprl.rewards.cases import judge_verdicts, parse_test, program_values
 from looprl.rewards.code import CodeReward, extract_program
 from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
 from tests.support.as_user import run_as_user
@@ -107,7 +108,9 @@ def test_every_trick_scores_0_in_the_box_and_nothing_survives(as_user):
     scores = result.pop("scores")
     assert scores.pop("honest (control)") == 1.0
     assert scores == dict.fromkeys(scores, 0.0)  # 0, not None: scored, not rejected
-    assert len(scores) == 24
+    assert len(scores) == 24 + 23
+    assert result["honest"] == dict.fromkeys(result["honest"], 1.0)
+    assert len(result["honest"]) == 23
     assert result["survivors"] == [] and result["written_outside"] == []
     assert result["skipped"] == {} and result["stats"]["reward_code_sandbox_errors"] == 0
     assert ("a user namespace" in result["box"]) == (as_user or not ROOT), result["box"]
@@ -122,11 +125,83 @@ def test_unisolated_stops_the_verdict_tricks_and_no_more_than_it_says(as_user):
     gets_out = UNISOLATED_GETS_OUT | (UNISOLATED_GETS_OUT_AS_ROOT if root else set())
     assert {name for name, s in scores.items() if s == 1.0} == gets_out | {"honest (control)"}
     assert {name for name, s in scores.items() if s is None} == UNISOLATED_REJECTED
+    assert result["honest"] == dict.fromkeys(result["honest"], 1.0)
     assert result["skipped"] == {
         "a fork bomb": "not run: unisolated has no process cap (it would bomb here)"
     }
     assert len(result["survivors"]) == 1  # the setsid survivor (killed by the suite)
     assert len(result["written_outside"]) == 2  # /tmp and /dev/shm
+
+
+# ---- the verdict: right programs the split once scored 0 -------------------------------
+
+RIGHT_ANSWERS = {
+    "bitwise operators": (
+        "def f(x):\n    return x\n",
+        "assert f(3) & 1 == 1\nassert f(1) << 2 == 4\nassert f(6) ^ 2 | 1 == 5",
+    ),
+    "a generator over the program's list": (
+        "def f(n):\n    return list(range(1, n + 1))\n",
+        "assert all(x > 0 for x in f(3))\nassert [x * 2 for x in f(2)] == [2, 4]",
+    ),
+    "an int of 5,000 digits": (
+        "def f(n):\n    return 10 ** n\n",
+        "assert f(5000) == 10 ** 5000\nassert f(5000) % 7 == pow(10, 5000, 7)",
+    ),
+    "type() of a result": ("def f(x):\n    return 2 * x\n", "assert type(f(2)) == int"),
+    "complex numbers": ("def f(x):\n    return x + 2j\n", "assert f(1) == 1 + 2j"),
+    "sorting in place": (
+        "def sort_in_place(a):\n    a.sort()\n",
+        "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]",
+    ),
+    "a generator returned": (
+        "def f(n):\n    yield from range(n)\n",
+        "assert list(f(3)) == [0, 1, 2]\nassert next(f(3)) == 0",
+    ),
+    "a Counter and a namedtuple returned": (
+        "from collections import Counter, namedtuple\nP = namedtuple('P', 'x y')\n"
+        "def f(s):\n    return Counter(s)\ndef g():\n    return P(1, 2)\n",
+        "assert f('aab') == {'a': 2, 'b': 1}\nassert g() == (1, 2)",
+    ),
+    "an object of the program, used through its methods": (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n",
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2\nassert s.items == [1]",
+    ),
+    "nan and inf": (
+        "def f(x):\n    return float(x)\n",
+        "import math\nassert math.isnan(f('nan'))\nassert f('-inf') < 0 and math.isinf(f('-inf'))",
+    ),
+    "HumanEval's check with a debugging assert True": (
+        "def f(x):\n    return 2 * x\n",
+        "def check(candidate):\n    assert True, 'debug'\n    assert candidate(2) == 4\n\n"
+        "check(f)\n",
+    ),
+}
+
+
+@needs_box
+@pytest.mark.parametrize("name", RIGHT_ANSWERS)
+async def test_right_programs_score_1(name):
+    program, test = RIGHT_ANSWERS[name]
+    reward = CodeReward(CodeRewardConfig(**LIMITS))
+    assert await reward.score(program, {"tests": [test]}) == 1.0
+    assert await reward.score("def f(*a):\n    return None\n", {"tests": [test]}) == 0.0
+
+
+@needs_box
+async def test_a_failing_judge_says_why():
+    reward = CodeReward(CodeRewardConfig(**LIMITS))
+    test = parse_test("import math\nassert math.isclose(f(1.0), 2.5)\nassert f(2) == 4")
+    run = await reward.sandbox.run("def f(x):\n    return 2 * x\n", test.program_script)
+    values, why = program_values(test, run.records)
+    assert why == "" and json.loads(values) == [[{"value": 2.0}], [{"value": 4}]]
+    judged = await reward.sandbox.run("", test.judge_script, data=values)
+    assert judge_verdicts(test, judged.records) == (
+        False,
+        "line 2: `assert math.isclose(f(1.0), 2.5)` is false",
+    )
 
 
 @needs_box

@@ -4,14 +4,18 @@ through it, and what they left behind.
 Two kinds of trick. *Verdict* tricks attack the judging (an `__eq__` that is always
 true, a replaced `compile`, forged results, exiting early, ...) against the tests
 `f(2) == 4` and `f(5) == 10`, with a wrong `f` underneath: each must score 0 in every
-mode, since the verdict is made outside the program. *Isolation* tricks try to reach
+mode, since the verdict is made outside the program. `OWN_TEST_TRICKS` attack the
+judging of tests of their own (patching what the expected side uses, reading the test's
+setup, mutating their inputs, sending back values meant to break the judge), each with
+an honest program that must score 1. *Isolation* tricks try to reach
 something outside the box that holds a secret number (a 0600 file of this user, this
 process's environment, a loopback TCP server, owner-only and abstract Unix sockets,
 /etc/shadow) and return it, against the test `f(2) == SECRET`: a trick that scores 1
 got out.
 
 Run as `python -m tests.support.hostile ISOLATION` (from the repository root, as any
-user); it prints one JSON object: {"scores": {trick: score}, "survivors": [...],
+user); it prints one JSON object: {"scores": {trick: score}, "honest": {own-test trick: the
+honest program's score}, "survivors": [...],
 "written_outside": [...], "skipped": {trick: why}}.
 """
 
@@ -144,6 +148,172 @@ VERDICT_TRICKS = {
 }
 
 
+# Tricks against the judging of tests of their own: each is (program, tests, an honest
+# program that must score 1). The wrong program patches what the expected side would
+# use, reads the test's setup, mutates what it is given, or sends back values meant to
+# break the judge; the expected side and the comparison run in the judge box, so none
+# of it scores.
+_E = "2.718281828459045"
+_FORGE = (
+    "import json\n_dumps = json.dumps\n"
+    "def dumps(o, *a, **k):\n"
+    "    if isinstance(o, dict) and 'values' in o:\n"
+    "        return {forged}\n"
+    "    return _dumps(o, *a, **k)\n"
+    "json.dumps = dumps\ndef f(x):\n    return 3\n"
+)
+OWN_TEST_TRICKS = {
+    # The expected side, computed where the program patched it first.
+    "math.exp patched": (
+        "import math\nmath.exp = lambda x: 0.0\ndef f(x):\n    return 0.0\n",
+        ["import math\nassert math.isclose(f(1.0), math.exp(1.0))"],
+        "import math\ndef f(x):\n    return math.exp(x)\n",
+    ),
+    "math.factorial patched": (
+        "import math\nmath.factorial = lambda n: 0\ndef f(n):\n    return 0\n",
+        ["import math\nassert abs(f(4) - math.factorial(4)) < 1e-9"],
+        "def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n",
+    ),
+    "builtins.all patched under the test's predicate": (
+        "import builtins\nbuiltins.all = lambda xs: True\ndef my_sort(xs):\n    return xs\n",
+        [
+            "def is_sorted(xs):\n    return all(a <= b for a, b in zip(xs, xs[1:]))\n"
+            "assert is_sorted(my_sort([3, 1, 2]))"
+        ],
+        "def my_sort(xs):\n    return sorted(xs)\n",
+    ),
+    "isinstance patched": (
+        "import builtins\nbuiltins.isinstance = lambda o, t: True\ndef f(x):\n    return 4.0\n",
+        ["assert isinstance(f(2), int) and f(2) == 4"],
+        "def f(x):\n    return 2 * x\n",
+    ),
+    "returns the test's reference function": (
+        "def f(x):\n    return ref(x)\n",
+        ["def ref(x):\n    return x * x + 1\nassert abs(f(2) - ref(2)) < 1e-9"],
+        "def f(x):\n    return x * x + 1\n",
+    ),
+    "operator.mul patched for functools.reduce": (
+        "import operator\noperator.mul = lambda a, b: 0\ndef f(n):\n    return 0\n",
+        [
+            "import operator\nfrom functools import reduce\n"
+            "assert f(4) == reduce(operator.mul, [1, 2, 3, 4])"
+        ],
+        "def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n",
+    ),
+    "functools.reduce patched": (
+        "import functools\nfunctools.reduce = lambda *a: 7\ndef f(xs):\n    return 7\n",
+        [
+            "import functools\n"
+            "assert f([1, 2, 3]) == functools.reduce(lambda a, b: a + b, [1, 2, 3])"
+        ],
+        "def f(xs):\n    return sum(xs)\n",
+    ),
+    "collections.Counter patched": (
+        "import collections\nclass C(dict):\n    def __eq__(self, other):\n        return True\n"
+        "collections.Counter = C\ndef f(s):\n    return 'zz'\n",
+        [
+            "from collections import Counter\n"
+            "assert Counter(f('abca')) == Counter({'a': 2, 'b': 1, 'c': 1})"
+        ],
+        "def f(s):\n    return s\n",
+    ),
+    "sorted patched, used by the test's helper": (
+        "import builtins\nbuiltins.sorted = lambda xs, **k: [1, 2]\n"
+        "def f(xs):\n    return [9, 9]\n",
+        ["def same(a, b):\n    return sorted(a) == sorted(b)\nassert same(f([2, 1]), [1, 2])"],
+        "def f(xs):\n    return xs[::-1]\n",
+    ),
+    "a stdlib module name shadowed": (
+        "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n"
+        "def f(x):\n    return 0.0\n",
+        [f"assert math.isclose(f(1.0), {_E})"],
+        f"def f(x):\n    return {_E}\n",
+    ),
+    "sys.modules poisoned": (
+        "import sys, types\nfake = types.ModuleType('math')\n"
+        "fake.isclose = lambda *a, **k: True\nsys.modules['math'] = fake\n"
+        "def f(x):\n    return 0.0\n",
+        [f"import math\nassert math.isclose(f(1.0), {_E})"],
+        f"def f(x):\n    return {_E}\n",
+    ),
+    # Objects that would lie where compared: only their data leaves the box.
+    "a str subclass whose __eq__ is always true": (
+        "class S(str):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = str.__hash__\ndef f(s):\n    return S('zz')\n",
+        ["assert f('ab') == 'ba'"],
+        "def f(s):\n    return s[::-1]\n",
+    ),
+    "a float subclass that is less than anything": (
+        "class F(float):\n    def __lt__(self, other):\n        return True\n"
+        "    def __sub__(self, other):\n        return F(0)\n"
+        "    def __abs__(self):\n        return F(0)\n"
+        "def f(x):\n    return F(9.0)\n",
+        ["assert abs(f(2) - 1.5) < 1e-9"],
+        "def f(x):\n    return 0.75 * x\n",
+    ),
+    # The test's setup, read from the program's scope.
+    "reads the test's expected value": (
+        "def f(x):\n    return expected\n",
+        ["expected = 918273\nassert f(2) == expected"],
+        "def f(x):\n    return 918273\n",
+    ),
+    "reads a local of HumanEval's check": (
+        "def f(n):\n    return want\n",
+        [
+            "def check(candidate):\n    want = [1, 2, 3]\n    assert candidate(3) == want\n\n"
+            "check(f)\n"
+        ],
+        "def f(n):\n    return list(range(1, n + 1))\n",
+    ),
+    "reads __main__'s globals and its caller's frame": (
+        "import sys\ndef f(x):\n    main = vars(sys.modules['__main__'])\n"
+        "    found = main.get('answer', sys._getframe(1).f_globals.get('answer'))\n"
+        "    return found if found is not None else 0\n",
+        ["answer = 42\nassert f(1) == answer"],
+        "def f(x):\n    return 42\n",
+    ),
+    # What the program is given, changed in place.
+    "empties the list it was given": (
+        "def total(xs):\n    s = sum(xs)\n    xs.clear()\n    return s\n",
+        ["xs = [1, 2, 3]\nassert total(xs) == 6\nassert xs == [1, 2, 3]"],
+        "def total(xs):\n    return sum(xs)\n",
+    ),
+    "sorts the test's list in place and returns it": (
+        "def f(xs):\n    xs.sort()\n    return xs\n",
+        ["xs = [3, 1, 2]\nassert f(xs) == [1, 2, 3]\nassert xs == [3, 1, 2]"],
+        "def f(xs):\n    return sorted(xs)\n",
+    ),
+    # Values meant to break the judge or the trainer.
+    "a format string that explodes in the judge": (
+        "def f(x):\n    return '%02000000000d'\n",
+        ["assert f(3) % 2 == 1"],
+        "def f(x):\n    return x\n",
+    ),
+    "a huge value sent back": (
+        "def f(x):\n    return 'x' * (4 << 20)\n",
+        ["assert f(3) == 3"],
+        "def f(x):\n    return x\n",
+    ),
+    "a deeply nested record forged": (
+        _FORGE.format(
+            forged="'{\"site\": 0, \"values\": [{\"value\": ' + '[' * 100000 + ']' * 100000 + '}]}'"
+        ),
+        ["assert f(3) == [1]"],
+        "def f(x):\n    return [1]\n",
+    ),
+    "a generator that never ends": (
+        "def f(x):\n    while True:\n        yield 1\n",
+        ["assert list(f(3)) == [1, 1, 1]"],
+        "def f(x):\n    yield from [1] * x\n",
+    ),
+    "forges the judge's verdict records": (
+        _FORGE.format(forged='\'{"site": 0, "passed": true, "why": ""}\\n{"done": true}\''),
+        ["assert f(3) == 6"],
+        "def f(x):\n    return 2 * x\n",
+    ),
+}
+
+
 def isolation_tricks(secret: int, places: dict) -> dict[str, str]:
     """Programs that return `secret` if they can reach where it is kept."""
     leak = "def f(x):\n    try:\n{body}\n    except Exception:\n        return 0\n"
@@ -246,7 +416,7 @@ async def run_suite(isolation: str) -> dict:
     secret = int(os.environ["LOOPRL_HOSTILE_SECRET"])
     servers = Servers(secret)
     reward = CodeReward(CodeRewardConfig(isolation=isolation, **LIMITS))
-    scores, skipped = {}, {}
+    scores, skipped, honest_scores = {}, {}, {}
     try:
         for name, program in VERDICT_TRICKS.items():
             if name == "a fork bomb" and isolation == "unisolated":
@@ -258,6 +428,9 @@ async def run_suite(isolation: str) -> dict:
             scores[name] = await reward.score(program, row)
         honest = "def f(x):\n    return 2 * x\n"
         scores["honest (control)"] = await reward.score(honest, {"tests": TESTS})
+        for name, (program, tests, right) in OWN_TEST_TRICKS.items():
+            scores[name] = await reward.score(program, {"tests": tests})
+            honest_scores[name] = await reward.score(right, {"tests": tests})
     finally:
         servers.close()
     outside = [
@@ -271,8 +444,8 @@ async def run_suite(isolation: str) -> dict:
     for path in outside:
         os.unlink(path)
     stats = reward.take_stats()
-    return {"scores": scores, "survivors": survivors(), "written_outside": outside,
-            "skipped": skipped, "stats": stats, "uid": os.getuid(),
+    return {"scores": scores, "honest": honest_scores, "survivors": survivors(),
+            "written_outside": outside, "skipped": skipped, "stats": stats, "uid": os.getuid(),
             "box": reward.sandbox.describe()}  # fmt: skip
 
 
