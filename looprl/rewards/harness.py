@@ -24,6 +24,13 @@ HARNESS = r"""
 import json, os, resource, sys
 from collections.abc import Iterator
 
+# The builtins the encoder uses, bound here before the program can replace them (a
+# patched isinstance would otherwise report a float as an int).
+isinstance, int, float, complex, str, bytes, bytearray = (
+    isinstance, int, float, complex, str, bytes, bytearray)
+list, tuple, set, frozenset, dict, hex, repr, type, Exception = (
+    list, tuple, set, frozenset, dict, hex, repr, type, Exception)
+
 _DEEPEST = 100  # nesting levels of a value sent back
 _HEX_BITS = 13_000  # ints longer than this (~3,900 digits) travel as hex
 

@@ -183,7 +183,9 @@ OWN_TEST_TRICKS = {
         "def my_sort(xs):\n    return sorted(xs)\n",
     ),
     "isinstance patched": (
-        "import builtins\nbuiltins.isinstance = lambda o, t: True\ndef f(x):\n    return 4.0\n",
+        "import builtins\n_isinstance = isinstance\n"
+        "builtins.isinstance = lambda o, t: t is int or _isinstance(o, t)\n"
+        "def f(x):\n    return 4.0\n",
         ["assert isinstance(f(2), int) and f(2) == 4"],
         "def f(x):\n    return 2 * x\n",
     ),
