@@ -16,17 +16,29 @@ normal user; what differs is how the box's processes get a user of their own:
   processes apart (it never limits root's) and no box can signal another.
 
 Budgets are per box: `max_processes` (RLIMIT_NPROC, counted in the box's own user
-namespace or for its own user id, set by the harness inside), `memory_mb` (the resident
-memory of all the box's processes, summed every 50 ms, the box killed beyond it; also
-each process's address space), `disk_mb` (the tmpfs), `cpu_time_s` per process and a
-wall clock (`timeout_s`) that kills the box. cgroups are not used: this code has only run
-where no cgroup v2 memory or pids controller was delegated.
+namespace or for its own user id, set by the harness inside), `memory_mb` (summed every
+50 ms over the box's processes, the box killed beyond it: their resident memory, plus
+each pipe and socket open in them at the most its kernel buffers hold; also each
+process's address space), `disk_mb` (the tmpfs, where POSIX shared memory lands too),
+64 open files per process (in the box), `cpu_time_s` per process and a wall clock (`timeout_s`) that
+kills the box. What would hold memory outside these is refused (EPERM) by a seccomp
+filter built with libseccomp (`_refusal_filter`): memfd files, System V shared memory,
+message queues and semaphores, POSIX message queues, io_uring, inotify, vmsplice,
+growing a pipe or a socket buffer, and sockets other than Unix ones. Without the filter
+no box starts. cgroups are not used: this code has only run where no cgroup v2 memory
+or pids controller was delegated.
 
-Where bubblewrap cannot make a box (not installed, user namespaces forbidden), the
-sandbox refuses to start with the reason and the fix. `isolation=unisolated` is the
-explicit opt-in to running programs without a box, as the user running looprl, with
-resource limits, an empty environment and a temporary work dir only; it warns loudly
-and stops far less (docs/security.md; tests/support/hostile.py lists what gets out).
+A box never outlives its `Sandbox.run`: cancelled (a rollout's timeout, the controller
+closing), the call kills the box and waits until it is gone before it lets go of its
+slot and user id; if looprl dies, bubblewrap dies with it (`--die-with-parent`), and
+the box with bubblewrap.
+
+Where bubblewrap cannot make a box (not installed, user namespaces forbidden, no
+libseccomp), the sandbox refuses to start with the reason and the fix.
+`isolation=unisolated` is the explicit opt-in to running programs without a box, as the
+user running looprl, with resource limits, the same filter (sockets of any family
+allowed), an empty environment and a temporary work dir only; it warns loudly and stops
+far less (docs/security.md; tests/support/hostile.py lists what gets out).
 
 What comes back is data: whether looprl's harness started (said on a pipe the harness
 closes before the program runs; if not, the box failed: a sandbox error), the records
@@ -42,6 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -50,13 +64,15 @@ import random
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards.harness import HARNESS
@@ -66,6 +82,13 @@ log = logging.getLogger(__name__)
 _RESULTS_CAP = 1 << 20  # bytes of results kept; a box that writes more has failed
 _OUTPUT_TAIL = 4000  # characters of stderr kept for the logs and the viewer
 _POLL_S = 0.05
+_OPEN_FILES = 64  # RLIMIT_NOFILE of each process: what its pipes and sockets can hold
+# What the budget charges for each pipe and socket open in the box: the most their
+# kernel buffers hold at the default size the box cannot raise (16 pages of a pipe; a
+# Unix socket's send buffer, net.core.wmem_default, and one message past it).
+_PIPE_BYTES = 16 * os.sysconf("SC_PAGE_SIZE")
+_SOCKET_BYTES = 2 * int(Path("/proc/sys/net/core/wmem_default").read_text())
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -93,16 +116,27 @@ def bubblewrap_missing() -> str | None:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "util-linux's `setpriv` is not installed (the box drops root with it)"
     try:
+        refusals = _refusal_filter(unix_sockets_only=True)
+    except RuntimeError as e:
+        return f"the box's system call filter cannot be built: {e}"
+    filter_fd = _filter_fd(refusals)
+    try:
         with _BoxUids().claim() if os.geteuid() == 0 else contextlib.nullcontext() as uid:
+            command = _box_command(_system_mounts(), 1 << 20, uid, filter_fd=filter_fd)
             done = subprocess.run(
-                [*_box_command(_system_mounts(), 1 << 20, uid), "-c", "0"],
+                [*command, "-c", _REFUSAL_PROBE],
                 capture_output=True,
                 timeout=60,
+                pass_fds=(filter_fd,),
             )
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap could not start: {e}"
+    finally:
+        os.close(filter_fd)
+    error = done.stderr.decode(errors="replace").strip()[-300:]
+    if "filter is not in force" in error:
+        return f"the box's system call filter did not hold: {error}"
     if done.returncode != 0:
-        error = done.stderr.decode(errors="replace").strip()[-300:]
         return (
             f"bubblewrap failed to make a box (exit {done.returncode}: {error}); where user "
             "namespaces are forbidden, allow them (`sysctl kernel.unprivileged_userns_clone=1`"
@@ -128,10 +162,16 @@ def _system_mounts() -> list[str]:
 
 
 def _box_command(
-    mounts: list[str], disk_bytes: int, uid: int | None, info_fd: int | None = None
+    mounts: list[str],
+    disk_bytes: int,
+    uid: int | None,
+    filter_fd: int,
+    info_fd: int | None = None,
 ) -> list[str]:
     """The argv that starts the interpreter in a new box (the harness or probe follows):
-    `mounts` from `_system_mounts`, `uid` the box's own user id when looprl runs as root."""
+    `mounts` from `_system_mounts`, `uid` the box's own user id when looprl runs as root,
+    `filter_fd` a pipe holding `_refusal_filter`'s program (bubblewrap applies it last,
+    before the interpreter starts)."""
     args = ["bwrap", "--die-with-parent", "--new-session", "--clearenv"]
     for name, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("LANG", "C.UTF-8"),
                         ("TMPDIR", "/tmp")):  # fmt: skip
@@ -151,7 +191,7 @@ def _box_command(
     for inside, outside in ((".tmp", "/tmp"), (".shm", "/dev/shm")):
         args += ["--perms", "1777", "--dir", f"/work/{inside}", "--symlink", f"/work/{inside}",
                  outside]  # fmt: skip
-    args += ["--chdir", "/work", "--remount-ro", "/"]
+    args += ["--chdir", "/work", "--remount-ro", "/", "--seccomp", str(filter_fd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     if uid is not None:  # root: the box's processes run as a user id of their own
@@ -159,6 +199,136 @@ def _box_command(
                  f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                  "--bounding-set=-all", "--inh-caps=-all", "--"]  # fmt: skip
     return [*args, os.path.realpath(sys.executable), "-I", "-S"]
+
+
+# Calls that would hold memory outside the budget (the box's resident memory and its
+# capped tmpfs) fail with EPERM, refused by a seccomp filter that libseccomp builds.
+_REFUSED_CALLS = (
+    "memfd_create",  # an anonymous file, capped only by the open-file limit
+    "memfd_secret",
+    "shmget",  # System V shared memory, message queues and semaphore sets
+    "msgget",
+    "semget",
+    "mq_open",  # POSIX message queues
+    "io_uring_setup",  # its rings and registered buffers
+    "inotify_init",  # watches, up to fs.inotify.max_user_watches of them per user
+    "inotify_init1",
+    "vmsplice",  # pages a pipe holds past their mapping
+)
+_MASK_32 = 0xFFFF_FFFF  # int arguments: their high half is ignored by the kernel
+_F_SETPIPE_SZ = 1031
+_SOL_SOCKET = 1
+_SOCKET_BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF and their FORCE twins
+
+
+class _ArgCompare(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]  # fmt: skip
+
+
+def _refusal_filter(unix_sockets_only: bool) -> bytes:
+    """The seccomp program (classic BPF, built by libseccomp) that makes `_REFUSED_CALLS`
+    fail with EPERM, and growing a pipe (F_SETPIPE_SZ) or a socket's buffers past their
+    default (`_held_bytes` charges each at it). `unix_sockets_only`: also sockets other
+    than Unix ones, whose buffers (TCP's) grow by themselves; the box has no network to
+    lose. Calls of another architecture (32-bit ones) kill the caller. Raises
+    RuntimeError, saying why, where it cannot be built."""
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError as e:
+        raise RuntimeError(
+            f"libseccomp is not installed ({e}); install it (`apt-get install libseccomp2`)"
+        ) from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                           ctypes.c_uint, ctypes.POINTER(_ArgCompare)]  # fmt: skip
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    allow, refuse = 0x7FFF_0000, 0x0005_0000 | errno.EPERM  # SCMP_ACT_ALLOW, SCMP_ACT_ERRNO
+    not_equal, masked_equal = 1, 7  # SCMP_CMP_NE, SCMP_CMP_MASKED_EQ
+
+    ctx = lib.seccomp_init(allow)
+    if not ctx:
+        raise RuntimeError("libseccomp could not start a filter (seccomp_init failed)")
+    try:
+
+        def add(name: str, *compares: tuple[int, int, int, int]) -> None:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number == -1:  # __NR_SCMP_ERROR: this libseccomp does not know the call
+                raise RuntimeError(f"libseccomp does not know the system call {name}; "
+                                   "install a newer libseccomp2")  # fmt: skip
+            array = (_ArgCompare * max(1, len(compares)))(*compares)
+            if lib.seccomp_rule_add_array(ctx, refuse, number, len(compares), array) != 0:
+                raise RuntimeError(f"libseccomp could not add the rule for {name}")
+
+        for name in _REFUSED_CALLS:
+            add(name)
+        add("fcntl", (1, masked_equal, _MASK_32, _F_SETPIPE_SZ))
+        for option in _SOCKET_BUFFER_OPTIONS:
+            add("setsockopt", (1, masked_equal, _MASK_32, _SOL_SOCKET),
+                (2, masked_equal, _MASK_32, option))  # fmt: skip
+        if unix_sockets_only:
+            add("socket", (0, not_equal, socket.AF_UNIX, 0))
+        with tempfile.TemporaryFile() as f:
+            if lib.seccomp_export_bpf(ctx, f.fileno()) != 0:
+                raise RuntimeError("libseccomp could not export the filter")
+            f.seek(0)
+            return f.read()
+    finally:
+        lib.seccomp_release(ctx)
+
+
+def _filter_fd(program: bytes) -> int:
+    """A pipe's read end holding `program` (bubblewrap reads --seccomp's to its end)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # a few hundred bytes: the pipe holds them
+    finally:
+        os.close(write)
+    return read
+
+
+# Run under the filter before any program: fails unless the filter is in force.
+_REFUSAL_PROBE = (
+    "import os\ntry:\n    os.memfd_create('probe')\nexcept PermissionError:\n"
+    "    raise SystemExit(0)\n"
+    "raise SystemExit('memfd_create was not refused: the filter is not in force')\n"
+)
+
+
+class _SockFprog(ctypes.Structure):  # the kernel's struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _ProcessFilter:
+    """`_refusal_filter`'s program, installed on a process about to run a program without
+    a box (isolation=unisolated: no bubblewrap to install it). Prepared here, so that the
+    child, between fork and exec, makes two prctl calls and nothing else."""
+
+    def __init__(self, program: bytes):
+        self._buffer = ctypes.create_string_buffer(program, len(program))
+        self._fprog = _SockFprog(len(program) // 8, ctypes.addressof(self._buffer))
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def install(self) -> None:
+        """In the child: no new privileges (seccomp requires it), then the filter."""
+        no_new_privs, set_seccomp, mode_filter = 38, 22, 2
+        program = ctypes.addressof(self._fprog)
+        for call in ((no_new_privs, 1, 0, 0, 0), (set_seccomp, mode_filter, program, 0, 0)):
+            if self._prctl(*map(ctypes.c_ulong, call)) != 0:
+                raise OSError(ctypes.get_errno(), "prctl could not install the filter")
+
+    def check(self) -> None:
+        """Raises RuntimeError unless a process started with the filter is refused
+        memfd_create."""
+        done = subprocess.run(
+            [os.path.realpath(sys.executable), "-I", "-S", "-c", _REFUSAL_PROBE],
+            capture_output=True, timeout=60, preexec_fn=self.install, env={},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.decode(errors="replace").strip()[-300:])
 
 
 class _BoxUids:
@@ -195,7 +365,8 @@ class _BoxUids:
 
 
 class SandboxUnavailable(RuntimeError):
-    """No box can be made here, and isolation=unisolated was not asked for."""
+    """No box can be made here (and isolation=unisolated was not asked for), or the system
+    call filter cannot be installed (either isolation)."""
 
 
 class Sandbox:
@@ -211,8 +382,9 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
         self._uids = _BoxUids() if self.as_root and cfg.isolation == "bubblewrap" else None
         self._mounts = _system_mounts()  # the same for every box
+        self._unboxed_filter: _ProcessFilter | None = None
         if self.isolation == "bubblewrap":
-            why = bubblewrap_missing()
+            why = bubblewrap_missing()  # its probe runs under the box's filter
             if why is not None:
                 raise SandboxUnavailable(
                     f"reward.type=code runs the model's programs in a box, and none can be "
@@ -220,8 +392,18 @@ class Sandbox:
                     "read this user's files and reach the network), set "
                     "reward.code.isolation=unisolated"
                 )
+            self._refusals = _refusal_filter(unix_sockets_only=True)
             log.info("The code sandbox runs programs in %s", self.describe())
         else:
+            try:  # no box, but the same refusals (sockets of any family allowed)
+                self._unboxed_filter = _ProcessFilter(_refusal_filter(unix_sockets_only=False))
+                self._unboxed_filter.check()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                raise SandboxUnavailable(
+                    "reward.code.isolation=unisolated still refuses the system calls that "
+                    "would hold memory outside reward.code.memory_mb (a seccomp filter), and "
+                    f"that filter cannot be installed here: {e}"
+                ) from None
             log.warning(
                 "reward.code.isolation=unisolated: the model's programs run WITHOUT a box, "
                 "as %s. They get resource limits, an empty environment and a temporary work "
@@ -253,9 +435,10 @@ class Sandbox:
             with contextlib.ExitStack() as stack:
                 workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="looprl-")))
                 uid = stack.enter_context(self._uids.claim()) if self._uids else None
-                try:
-                    return await self._run(workdir, uid, program, script, stdin, start, data)
-                except (OSError, ValueError, RuntimeError) as e:
+                try:  # cancelled, the box is killed and gone before the slot and uid are
+                    run = self._run(workdir, uid, program, script, stdin, start, data)
+                    return await _to_the_end(run)
+                except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as e:
                     error = f"{type(e).__name__}: {e}"
                     return BoxRun(False, False, None, [], "", error, time.monotonic() - start)
 
@@ -280,9 +463,12 @@ class Sandbox:
         info_r, info_w = os.pipe()
         os.set_blocking(info_r, False)
         os.set_blocking(started_r, False)
+        passed = [started_w, results_w, info_w]  # closed here once the child has them
         try:
             if self.isolation == "bubblewrap":
-                command = _box_command(self._mounts, cfg.disk_mb << 20, uid, info_fd=info_w)
+                passed.append(_filter_fd(self._refusals))
+                command = _box_command(self._mounts, cfg.disk_mb << 20, uid,
+                                       filter_fd=passed[-1], info_fd=info_w)  # fmt: skip
                 env = {}
             else:
                 command = [os.path.realpath(sys.executable), "-I", "-S"]
@@ -302,20 +488,24 @@ class Sandbox:
                 stderr=files["stderr"],
                 cwd=workdir / "box" if self.isolation == "unisolated" else workdir,
                 env=env,
-                pass_fds=(fd_task, started_w, results_w, info_w),
+                pass_fds=(fd_task, *passed),
                 preexec_fn=self._child_setup,
                 start_new_session=True,
             )
-        except BaseException:
-            for fd in (started_r, started_w, results_r, results_w, info_r, info_w):
+        except BaseException:  # cancelled here, asyncio killed bubblewrap: its box goes too
+            init_pid = _read_init_pid(info_r, bytearray())
+            for fd in (started_r, results_r, info_r, *passed):
                 os.close(fd)
             for f in files.values():
                 f.close()
+            if init_pid is not None:
+                await _gone(init_pid)
             raise
-        for fd in (started_w, results_w, info_w):
+        for fd in passed:
             os.close(fd)
+        results_pipe = os.fdopen(results_r, "rb", buffering=0)
+        reader = asyncio.create_task(_read_capped(results_pipe, _RESULTS_CAP))
         try:
-            reader = asyncio.create_task(_read_capped(results_r, _RESULTS_CAP))
             killed_for, timed_out = await self._watch(process, info_r, reader)
             try:  # unisolated, a process that left the group may hold the pipe open
                 results, overflow = await asyncio.wait_for(reader, 2.0)
@@ -324,17 +514,17 @@ class Sandbox:
             started = False
             with contextlib.suppress(BlockingIOError):
                 started = os.read(started_r, 64) == b"started\n"
+            stdout = _read_head(files["stdout"], cfg.max_output_bytes)
+            output = _read_tail(files["stderr"], _OUTPUT_TAIL)
         finally:
+            reader.cancel()
+            results_pipe.close()
             os.close(info_r)
             os.close(started_r)
-            for f in ("task", "stdin"):
-                files[f].close()
+            for f in files.values():
+                f.close()
         if overflow:
             killed_for = killed_for or "results"
-        stdout = _read_head(files["stdout"], cfg.max_output_bytes)
-        output = _read_tail(files["stderr"], _OUTPUT_TAIL)
-        files["stdout"].close()
-        files["stderr"].close()
         records = _parse_records(results)
         rc = process.returncode
         # RLIMIT_CPU ends a busy loop with SIGXCPU.
@@ -361,49 +551,54 @@ class Sandbox:
             resource.RLIMIT_CORE: (0, 0),
         }.items():
             resource.setrlimit(kind, value)
+        if self._unboxed_filter is None:  # unisolated keeps this user's open-file limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (_OPEN_FILES, _OPEN_FILES))
+        else:  # the box's filter is installed by bubblewrap
+            self._unboxed_filter.install()
 
     async def _watch(self, process, info_r: int, reader) -> tuple[str | None, bool]:
         """Wait for the box to end, killing it at the wall clock or past its memory; on
-        return nothing of it runs. (killed_for, timed_out)."""
+        return nothing of it runs, and when cancelled too (it is killed at once).
+        (killed_for, timed_out)."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.timeout_s
-        init_pid = process.pid if self.isolation == "unisolated" else None
-        info = b""
+        boxed = self.isolation == "bubblewrap"
+        init_pid = None if boxed else process.pid
+        info = bytearray()
         killed_for, timed_out = None, False
-        while process.returncode is None:
-            if init_pid is None:
-                with contextlib.suppress(BlockingIOError):
-                    info += os.read(info_r, 4096)
-                with contextlib.suppress(ValueError):
-                    init_pid = json.loads(info)["child-pid"]
-            if init_pid is not None and _resident_bytes(init_pid) > cfg.memory_mb << 20:
-                killed_for = "memory"
-            elif reader.done() and reader.result()[1]:
-                killed_for = "results"
-            elif time.monotonic() > deadline:
-                timed_out = True
-            if killed_for or timed_out:
-                _kill_group(process.pid)
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(process.wait()), _POLL_S)
-        _kill_group(process.pid)  # a bwrap that outlived its program, or the unisolated run
-        await process.wait()
-        if self.isolation == "bubblewrap" and init_pid is not None:
-            # The PID namespace dies with its init: once the init is dead, every process
-            # of the box is (the kernel kills them first), so its user id is free again.
-            await _gone(init_pid)
+        ended = asyncio.ensure_future(process.wait())
+        try:
+            while not ended.done():
+                if init_pid is None:
+                    init_pid = _read_init_pid(info_r, info)
+                if init_pid is not None and _held_bytes(init_pid) > cfg.memory_mb << 20:
+                    killed_for = "memory"
+                elif reader.done() and reader.result()[1]:
+                    killed_for = "results"
+                elif time.monotonic() > deadline:
+                    timed_out = True
+                if killed_for or timed_out:
+                    break
+                await asyncio.wait((ended,), timeout=_POLL_S)
+        finally:
+            _kill_group(process.pid)  # bubblewrap (its box dies with it), or the unisolated run
+            await ended
+            if boxed and init_pid is None:  # written before bubblewrap died, or never
+                init_pid = _read_init_pid(info_r, info)
+            if boxed and init_pid is not None:
+                # The PID namespace dies with its init: once the init is dead, every
+                # process of the box is (the kernel kills them first), so its user id is
+                # free again.
+                await _gone(init_pid)
         return killed_for, timed_out
 
 
-async def _read_capped(fd: int, cap: int) -> tuple[bytes, bool]:
-    """All of the pipe `fd` until every writer closed it: (the first `cap` bytes, whether
-    there was more). Reads on the event loop; closes `fd`."""
+async def _read_capped(pipe: BinaryIO, cap: int) -> tuple[bytes, bool]:
+    """All of `pipe` until every writer closed it: (the first `cap` bytes, whether there
+    was more). Reads on the event loop; closes `pipe`."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     kept, overflow = bytearray(), False
     try:
         while chunk := await reader.read(65536):
@@ -466,13 +661,53 @@ def _descendants(pid: int) -> list[int]:
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _resident_bytes(pid: int) -> int:
-    """Resident memory of `pid` and its descendants (shared pages counted in each)."""
-    total = 0
+def _held_bytes(pid: int) -> int:
+    """Memory held by `pid` and its descendants: each one's resident set (shared pages
+    counted in each), and once for each pipe and socket open in any of them, the most its
+    kernel buffers hold (`_PIPE_BYTES`, `_SOCKET_BYTES`)."""
+    total, buffers = 0, set()
     for p in _descendants(pid):
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{p}/statm") as f:
             total += int(f.read().split()[1]) * _PAGE
-    return total
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{p}/fd/{fd}")
+                    if target.startswith(("pipe:", "socket:")):
+                        buffers.add(target)
+    return total + sum(_PIPE_BYTES if b[0] == "p" else _SOCKET_BYTES for b in buffers)
+
+
+def _read_init_pid(info_r: int, info: bytearray) -> int | None:
+    """The box's init (the first process of its PID namespace), once bubblewrap wrote it
+    on its --info-fd; `info` keeps what was read so far."""
+    with contextlib.suppress(BlockingIOError):
+        info += os.read(info_r, 4096)
+    try:
+        return json.loads(info)["child-pid"]
+    except ValueError:
+        return None
+
+
+async def _to_the_end(work: Awaitable[T]) -> T:
+    """`await work`, run as a task of its own that a cancel reaches once: the caller's
+    first cancel is passed on (the box is killed and waited for in `_watch`), and the
+    caller waits, through any later cancel too, until `work` is over. Only then is the
+    cancel raised, and what the caller holds (a slot, a user id) let go."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:
+            if not cancelled:
+                task.cancel()
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # seen: the caller asked for a cancel, not for this
+        raise asyncio.CancelledError
+    return task.result()
 
 
 async def _gone(pid: int, within_s: float = 5.0) -> None:
