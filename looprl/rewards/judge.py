@@ -56,7 +56,8 @@ def parse_score(reply: str, scale: int) -> float | None:
     """N / scale from the reply's score line(s): a whole line `Score: N`, `Score: N/scale`
     or `N/scale` (markdown emphasis and surrounding space aside). None, an unreadable
     reply, when there is none, when two disagree, when a `Score: N/D` has D != scale, or
-    when N is outside 0..scale. Numbers in prose never count.
+    when N is outside 0..scale. Numbers in prose never count. Never raises, whatever
+    the reply holds.
 
     >>> parse_score("The answer is right.\\n**Score: 8**", 10)
     0.8
@@ -70,9 +71,9 @@ def parse_score(reply: str, scale: int) -> float | None:
         text = _EMPHASIS.sub("", line).strip()
         if match := _SCORE_LINE.fullmatch(text):
             value, over = match.groups()
-            if over is not None and int(over) != scale:
+            if over is not None and not _is_scale(over, scale):
                 return None
-        elif (match := _FRACTION_LINE.fullmatch(text)) and int(match[2]) == scale:
+        elif (match := _FRACTION_LINE.fullmatch(text)) and _is_scale(match[2], scale):
             value = match[1]
         else:
             continue
@@ -81,6 +82,15 @@ def parse_score(reply: str, scale: int) -> float | None:
         return None
     (value,) = values
     return value / scale if 0 <= value <= scale else None
+
+
+def _is_scale(digits: str, scale: int) -> bool:
+    """Whether `digits` (a run of digits, of any script) is `scale`. Thousands of digits
+    are not: int() refuses more than 4,300 (a ValueError) and no scale has that many."""
+    return len(digits) <= _MAX_SCALE_DIGITS and int(digits) == scale
+
+
+_MAX_SCALE_DIGITS = 18
 
 
 def parse_group_scores(reply: str, count: int, scale: int) -> list[float] | None:

@@ -5,6 +5,8 @@ the judged text; the HTTP side is tests/integration/test_judge.py."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from looprl.config import JudgeConfig
 from looprl.rewards.judge import delimit, parse_group_scores, parse_score
@@ -103,3 +105,28 @@ def test_the_rubrics_take_the_scale():
     JudgeConfig(prompt="Out of {scale}: {answer}", group_prompt="{candidates} of {scale}")
     with pytest.raises(ValueError, match=r"\{scale\}"):
         JudgeConfig(prompt="Out of {scal}: {answer}")
+
+
+# Replies built from what score lines are made of, and any text at all.
+SCORE_PARTS = st.sampled_from(["Score", "score", ":", "/", "*", "-", ".", " ", "\n", "10"])
+REPLIES = st.one_of(
+    st.text(),
+    st.lists(SCORE_PARTS | st.text(alphabet="0123456789٣", min_size=1), max_size=12).map("".join),
+    st.tuples(st.integers(0, 6000), st.integers(0, 6000)).map(
+        lambda sizes: f"Score: {'7' * sizes[0]}/{'9' * sizes[1]}"
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reply=REPLIES, scale=st.integers(1, 100))
+def test_the_score_parser_never_raises(reply, scale):
+    """Issue 51: "Score: 5/" + "9" * 5000 raised ValueError (Python's int digit limit)."""
+    score = parse_score(reply, scale)
+    assert score is None or 0 <= score <= 1
+
+
+def test_a_denominator_of_thousands_of_digits_is_no_scale():
+    assert parse_score("Score: 5/" + "9" * 5000, 10) is None
+    assert parse_score("5/" + "9" * 5000, 10) is None
+    assert parse_score("Score: " + "9" * 5000, 10) is None  # out of range, as a float: inf
