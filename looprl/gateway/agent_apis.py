@@ -17,14 +17,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from looprl.engines.base import EngineError
 from looprl.gateway import anthropic_messages, openai_responses, prompts
 from looprl.gateway import limits as limits_lib
 from looprl.gateway.anthropic_messages import CountTokensRequest, MessagesRequest
-from looprl.gateway.errors import APIError, engine_failed, validation_error
+from looprl.gateway.errors import APIError, ClientGone, engine_failed, validation_error
 from looprl.gateway.openai_responses import ResponsesRequest
 from looprl.gateway.responses import Plan, chat_logprobs, named_sse
 from looprl.gateway.schemas import ChatRequest
@@ -59,7 +59,7 @@ async def responses(
         history = stored[req.previous_response_id]
     fields, conversation = req.chat_request(history)
     with _named_as(RESPONSES_FIELDS):
-        plan = gateway.plan(_as_chat(fields), session, f"resp_{uuid.uuid4().hex}")
+        plan = await gateway.plan(request, _as_chat(fields), session, f"resp_{uuid.uuid4().hex}")
     plan.call.object = "response"
 
     def body(gen: Generation, text: str, finish: str) -> dict:
@@ -89,7 +89,8 @@ async def messages(
     gateway: Gateway, request: Request, req: MessagesRequest, session: Session | None
 ):
     with _named_as(MESSAGES_FIELDS):
-        plan = gateway.plan(_as_chat(req.chat_request()), session, anthropic_messages.new_id())
+        chat_req = _as_chat(req.chat_request())
+        plan = await gateway.plan(request, chat_req, session, anthropic_messages.new_id())
     plan.call.object = "message"
 
     def body(gen: Generation, text: str, finish: str) -> dict:
@@ -115,12 +116,24 @@ async def messages(
     return await _respond_one(gateway, request, plan, session, body, stream, error)
 
 
-def count_tokens(gateway: Gateway, req: CountTokensRequest, session: Session | None) -> dict:
+async def count_tokens(
+    gateway: Gateway, request: Request, req: CountTokensRequest, session: Session | None
+) -> dict:
+    """The prompt's length in tokens, however long (no context limit: counting is the
+    point), built in the prompt lanes as a call's prompt is."""
     with _named_as(MESSAGES_FIELDS):
         chat_req = _as_chat(req.chat_request())
         limits_lib.check_messages(chat_req.messages, gateway.limits)
-        prompt_ids, _, _ = prompts.request_prompt(
-            gateway.tokenizer, chat_req, session, native_tools=gateway.native_tools
+        prompt_ids, _, _ = await gateway.prompt(
+            request,
+            session,
+            lambda: prompts.request_prompt(
+                gateway.tokenizer,
+                chat_req,
+                session,
+                native_tools=gateway.native_tools,
+                max_chars=None,
+            ),
         )
     return {"input_tokens": len(prompt_ids)}
 
@@ -135,7 +148,9 @@ async def _respond_one(
     error: Callable[[APIError], list[dict]],
 ):
     """Answer a one-output request: `body(gen, text, finish)` whole, or streamed as
-    the events `stream(body)` makes; an engine failure mid-stream as `error(...)`."""
+    the events `stream(body)` makes; an engine failure or the session closing
+    mid-stream as `error(...)`. Either way the generation stops when the client goes
+    away or the session closes (`Gateway.generate`)."""
 
     def answer(gen: Generation) -> dict:
         text, finish = gateway.finish(gen, plan.sampling[0])
@@ -146,16 +161,16 @@ async def _respond_one(
     if stream is not None:
 
         async def events() -> AsyncIterator[str]:
-            routing = session.id if session is not None else None
             try:
-                gen = await gateway.engine.generate(
-                    plan.call.prompt_ids, plan.sampling[0], session=routing
-                )
-            except EngineError as e:
-                for event in error(engine_failed(e)):
+                gens = await gateway.generate(request, plan.call, plan.sampling, session)
+            except ClientGone:
+                return
+            except (EngineError, APIError) as e:
+                failure = engine_failed(e) if isinstance(e, EngineError) else e
+                for event in error(failure):
                     yield named_sse(event)
                 return
-            for event in stream(answer(gen)):
+            for event in stream(answer(gens[0])):
                 yield named_sse(event)
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -163,8 +178,6 @@ async def _respond_one(
         gens = await gateway.generate(request, plan.call, plan.sampling, session)
     except EngineError as e:
         raise engine_failed(e) from None
-    if gens is None:
-        return Response(status_code=499)
     return JSONResponse(answer(gens[0]))
 
 

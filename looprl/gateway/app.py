@@ -25,9 +25,18 @@ as Bearer (sessions.py says why two): one 401 for a missing or wrong key and for
 session not open (a caller cannot probe which exist); keys compared in constant time.
 
 What one request may ask is bounded (gateway.limits, limits.py): body size (413), JSON
-nesting, messages, stop strings, and n x max_tokens. `top_k` at or beyond the
+nesting, text that is not Unicode (a lone surrogate, in any field), messages, stop
+strings, and n x max_tokens; a prompt longer in characters than the model's context
+can hold as tokens is refused before it is tokenized (prompts.py). `top_k` at or beyond the
 vocabulary means no truncation; a temperature below 1e-5 samples greedily (as vLLM).
 A request's own fault is a 4xx naming the field; only the engine's get a 503.
+
+Prompts are built (template, tokenizer) in worker threads, large bodies in a lane of
+their own (prompt_lanes.py), so the event loop the engine and every other call share
+never waits on them. A call stops, streamed or not, when its client goes away or its
+session closes: its generation leaves the engine's batch, a prompt not yet started
+leaves its lane's queue; a closed session's call is answered 404 (a stream ends with
+that error as its last event), a gone client's nothing.
 
 The Responses and Messages routes (agent_apis.py) answer as chat requests through
 `Gateway.plan`: a conversation is the same tokens over any of the three APIs, recorded
@@ -58,11 +67,11 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
 from looprl.config import LimitsConfig, SamplingConfig
@@ -71,8 +80,9 @@ from looprl.gateway import agent_apis, prompts
 from looprl.gateway import limits as limits_lib
 from looprl.gateway import tools as tools_lib
 from looprl.gateway.anthropic_messages import CountTokensRequest, MessagesRequest
-from looprl.gateway.errors import APIError, engine_failed, install_error_handlers
+from looprl.gateway.errors import APIError, ClientGone, engine_failed, install_error_handlers
 from looprl.gateway.openai_responses import ResponsesRequest
+from looprl.gateway.prompt_lanes import PromptLanes
 from looprl.gateway.responses import (
     SSE_DONE,
     Call,
@@ -106,6 +116,7 @@ from looprl.types import Generation, Interaction, SamplingParams
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting call checks for a gone client or closed session
+T = TypeVar("T")
 
 # ---- the app -----------------------------------------------------------------------
 
@@ -247,6 +258,8 @@ class Gateway:
         self.max_model_len = max_model_len
         self.limits = limits
         self.vocab_size = len(tokenizer)
+        self.max_prompt_chars = prompts.max_prompt_chars(tokenizer, max_model_len)
+        self.lanes = PromptLanes()
         self.native_tools = tools_lib.template_renders_tools(tokenizer.chat_template)
         self.tool_call_errors = 0  # outputs that looked like a tool call but did not parse
         # The last conversations answered over /v1/responses without a session (`looprl
@@ -291,8 +304,10 @@ class Gateway:
             return await agent_apis.messages(self, request, req, session)
 
         @router.post("/messages/count_tokens", responses=documented(TokenCount, 400, 401, 413))
-        async def count_tokens(req: CountTokensRequest, session: Session | None = session_dep):
-            return agent_apis.count_tokens(self, req, session)
+        async def count_tokens(
+            request: Request, req: CountTokensRequest, session: Session | None = session_dep
+        ):
+            return await agent_apis.count_tokens(self, request, req, session)
 
         @router.get("/models", responses=documented(ModelList, 401))
         async def models(_: Session | None = session_dep) -> dict:
@@ -310,7 +325,7 @@ class Gateway:
     # ---- chat ----------------------------------------------------------------------
 
     async def chat(self, request: Request, req: ChatRequest, session: Session | None):
-        plan = self.plan(req, session, f"chatcmpl-{uuid.uuid4().hex}")
+        plan = await self.plan(request, req, session, f"chatcmpl-{uuid.uuid4().hex}")
         call = plan.call
         call.object, call.chunk_object = "chat.completion", "chat.completion.chunk"
 
@@ -327,13 +342,23 @@ class Gateway:
 
         return await self._respond(request, call, req, plan.sampling, session, choice, chunks)
 
-    def plan(self, req: ChatRequest, session: Session | None, call_id: str) -> Plan:
+    async def plan(
+        self, request: Request, req: ChatRequest, session: Session | None, call_id: str
+    ) -> Plan:
         """What answering `req` takes: its prompt, sampling and how a choice's text
         becomes an assistant message. Every API's request goes through here as a chat
         request, so a conversation gives the same tokens whichever API carries it."""
         limits_lib.check_messages(req.messages, self.limits)
-        prompt_ids, tools, prefix = prompts.request_prompt(
-            self.tokenizer, req, session, native_tools=self.native_tools
+        prompt_ids, tools, prefix = await self.prompt(
+            request,
+            session,
+            lambda: prompts.request_prompt(
+                self.tokenizer,
+                req,
+                session,
+                native_tools=self.native_tools,
+                max_chars=self.max_prompt_chars,
+            ),
         )
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0
@@ -381,7 +406,13 @@ class Gateway:
 
     async def complete(self, request: Request, req: CompletionRequest, session: Session | None):
         if isinstance(req.prompt, str):
-            prompt_ids = prompts.tokenize(self.tokenizer, req.prompt, "prompt")
+            text = req.prompt
+
+            def tokenized() -> list[int]:
+                prompts.check_length(self.tokenizer, text, self.max_prompt_chars, "prompt")
+                return prompts.tokenize(self.tokenizer, text)
+
+            prompt_ids = await self.prompt(request, session, tokenized)
         else:
             prompt_ids = req.prompt
             vocab = len(self.tokenizer)
@@ -410,6 +441,35 @@ class Gateway:
         return await self._respond(request, call, req, sampling, session, choice, chunks)
 
     # ---- shared --------------------------------------------------------------------
+
+    async def prompt(self, request: Request, session: Session | None, job: Callable[[], T]) -> T:
+        """`job()` (prompt work, prompts.py) in the lane the request's size picks, while
+        the request is still wanted (`while_wanted`)."""
+        body_bytes = len(await request.body())  # read already: FastAPI parsed it
+        job_done = self.lanes.run(body_bytes, job)
+        return await self.while_wanted(request, session, job_done, "building its prompt")
+
+    async def while_wanted(
+        self, request: Request, session: Session | None, work: Awaitable[T], doing: str
+    ) -> T:
+        """`work`'s result, unless the client goes away first (ClientGone) or the session
+        closes first (its rollout ended: the 404); checked every DISCONNECT_POLL_S.
+        Either way `work` is cancelled: a generation leaves the engine's batch at its
+        next step, a prompt job not yet started leaves its lane."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not (await asyncio.wait([task], timeout=DISCONNECT_POLL_S))[0]:
+                if session is not None and session.closed:
+                    raise APIError(
+                        404,
+                        f"session {session.id!r} was closed while this call was {doing}",
+                        type="not_found_error",
+                    )
+                if await request.is_disconnected():
+                    raise ClientGone
+            return task.result()
+        finally:
+            task.cancel()
 
     def _sampling(
         self,
@@ -472,14 +532,12 @@ class Gateway:
     ):
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._events(call, sampling, session, chunks, include_usage)
+            events = self._events(request, call, sampling, session, chunks, include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
             gens = await self.generate(request, call, sampling, session)
         except EngineError as e:
             raise engine_failed(e) from None
-        if gens is None:
-            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         finished = [self.finish(gen, s) for gen, s in zip(gens, sampling, strict=True)]
         choices = [choice(i, gen, *finished[i]) for i, gen in enumerate(gens)]
         self.record(session, call, gens, finished)  # after the choices: their tool calls
@@ -491,9 +549,9 @@ class Gateway:
         call: Call,
         sampling: list[SamplingParams],
         session: Session | None,
-    ) -> list[Generation] | None:
-        """Every choice; None if the client went away first. Raises 404 if the session
-        closes first (its rollout ended). Either way the engine drops the generations."""
+    ) -> list[Generation]:
+        """Every choice, while the call is wanted (`while_wanted`: ClientGone, or the 404
+        when the session closes; then the engine drops the generations)."""
 
         # The session id lets an engine pool keep its calls on one replica (prefix reuse).
         routing = session.id if session is not None else None
@@ -505,23 +563,11 @@ class Gateway:
                 )
             )
 
-        task = asyncio.create_task(generate_all())
-        try:
-            while not (await asyncio.wait([task], timeout=DISCONNECT_POLL_S))[0]:
-                if session is not None and session.closed:
-                    raise APIError(
-                        404,
-                        f"session {session.id!r} was closed while this call was generating",
-                        type="not_found_error",
-                    )
-                if await request.is_disconnected():
-                    return None
-            return task.result()
-        finally:
-            task.cancel()
+        return await self.while_wanted(request, session, generate_all(), "generating")
 
     async def _events(
         self,
+        request: Request,
         call: Call,
         sampling: list[SamplingParams],
         session: Session | None,
@@ -530,7 +576,8 @@ class Gateway:
     ) -> AsyncIterator[str]:
         """Server-sent events: each choice's chunks as soon as it is done, then usage, [DONE].
 
-        Stops every generation still running when the client goes away.
+        Stops every generation still running when the client goes away, or when the
+        session closes (its last event then the 404's error body).
         """
 
         routing = session.id if session is not None else None
@@ -545,19 +592,27 @@ class Gateway:
         gens: list[Generation] = [None] * len(sampling)  # type: ignore[list-item]
         finished: list[tuple[str, str]] = [("", "")] * len(sampling)
         first = {"prompt_token_ids": call.prompt_ids}
+        pending: set[asyncio.Future] = set(tasks)
         try:
-            for next_done in asyncio.as_completed(tasks):
-                i, gens[i] = await next_done
-                finished[i] = self.finish(gens[i], sampling[i])
-                for piece in chunks(i, gens[i], *finished[i]):
-                    yield sse({**header, **first, "choices": [piece]})
-                    first = {}
+            while pending:
+                next_done = asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await self.while_wanted(request, session, next_done, "generating")
+                for task in done:
+                    i, gens[i] = task.result()
+                    finished[i] = self.finish(gens[i], sampling[i])
+                    for piece in chunks(i, gens[i], *finished[i]):
+                        yield sse({**header, **first, "choices": [piece]})
+                        first = {}
             self.record(session, call, gens, finished)
             if include_usage:
                 yield sse({**header, "choices": [], "usage": call.usage(gens)})
             yield SSE_DONE
         except EngineError as e:
             yield sse(engine_failed(e).body())
+        except APIError as e:  # the session closed
+            yield sse(e.body())
+        except ClientGone:
+            pass
         finally:
             for task in tasks:
                 if task.done() and not task.cancelled():

@@ -4,7 +4,8 @@
 with the field named at the start of the message. A request that fails validation gets
 a 400 naming the field (`messages[0].content[1]`) and what it got; an engine's refusal
 of the request itself (EngineRequestError) a 400, its other errors 503s, and anything
-unexpected a logged 500 that says where to look."""
+unexpected a logged 500 that says where to look. `ClientGone` (the client left before
+its answer) is answered 499, nginx's "client closed request", which nobody reads."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from looprl.engines.base import EngineError, EngineRequestError
@@ -51,6 +52,10 @@ class APIError(Exception):
     def response(self, path: str) -> JSONResponse:
         """The answer to a request for `path`, in the shape of the API it serves."""
         return JSONResponse(self.body(anthropic_route(path)), status_code=self.status)
+
+
+class ClientGone(Exception):
+    """The client went away before its answer: the work for it was cancelled."""
 
 
 # Anthropic's names for the error types that differ from OpenAI's.
@@ -122,6 +127,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error(exc.errors()).response(request.url.path)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

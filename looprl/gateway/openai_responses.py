@@ -284,6 +284,13 @@ def stream_events(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def error_event(error: dict[str, Any]) -> dict[str, Any]:
-    """The stream's `error` event for an OpenAI error body (the engine failed)."""
+    """The stream's `error` event for an OpenAI error body (the engine failed, or the
+    session closed): the error's type is the event's `code`."""
     detail = error["error"]
-    return {"type": "error", "sequence_number": 0, "code": detail["type"], **detail}
+    return {
+        "type": "error",
+        "sequence_number": 0,
+        "code": detail["type"],
+        "message": detail["message"],
+        "param": detail["param"],
+    }

@@ -2,9 +2,20 @@
 
 Owns: the chat prompt (messages and tools through the model's chat template, then the
 forced start of a tool call; within a session, an earlier call's exact token ids where
-the new prompt's text starts with that call's) and tokenizing text with a 400 naming
-the field it came from. Does not own how tools and tool-call messages are rendered
-(tools.py) nor what a prompt may hold (limits.py).
+the new prompt's text starts with that call's), tokenizing text, and refusing a prompt
+that cannot fit the model's context from its length in characters, before tokenizing
+it. Does not own how tools and tool-call messages are rendered (tools.py), what a
+prompt may hold (limits.py), nor where this runs (prompt_lanes.py: worker threads; so
+everything here may run beside the event loop, and takes the session's `prompt_lock`
+where it writes to the session).
+
+Why a prompt can be refused by its characters: no token covers more characters than
+the longest string in the vocabulary (`max_token_chars`; in a byte-level vocabulary,
+as Llama's, SmolLM's or Qwen's, one character per byte, and a character is at least a
+byte), so a text of C characters is at least C / max_token_chars tokens. Beyond
+`max_model_len x max_token_chars` characters it cannot fit, and tokenizing it (seconds
+for megabytes) would only find that out. A tokenizer that normalizes text (NFC, say)
+is measured on the normalized text.
 """
 
 from __future__ import annotations
@@ -26,12 +37,15 @@ def request_prompt(
     session: Session | None,
     *,
     native_tools: bool,
+    max_chars: int | None,
 ) -> tuple[list[int], list[dict], str]:
     """`req`'s prompt ids (`chat_prompt`), the tools the model sees, and the forced start
     of a tool call the prompt ends with ("" when `tool_choice` forces none)."""
     tools, tool_choice = req.active_tools()
     prefix = tools_lib.forced_prefix(tool_choice)
-    ids = chat_prompt(tokenizer, req, tools, prefix, session, native_tools=native_tools)
+    ids = chat_prompt(
+        tokenizer, req, tools, prefix, session, native_tools=native_tools, max_chars=max_chars
+    )
     return ids, tools, prefix
 
 
@@ -43,10 +57,12 @@ def chat_prompt(
     session: Session | None,
     *,
     native_tools: bool,
+    max_chars: int | None = None,
 ) -> list[int]:
     """Prompt token ids: the messages (and tools) through the chat template, then the
     forced start of a tool call if any; where the text starts with an earlier call's,
-    that call's exact ids. Raises APIError 400 when the template refuses.
+    that call's exact ids. Raises APIError 400 when the template refuses, or when the
+    text is over `max_chars` (`max_prompt_chars`; None: any length).
 
     `native_tools`: the template renders `tools` itself (else tools.py puts them in
     the messages)."""
@@ -68,20 +84,44 @@ def chat_prompt(
             400, f"the model's chat template rejected the messages: {e}", "messages"
         ) from None
     text += prefix
+    check_length(tokenizer, text, max_chars, "messages")
     known_ids, known_text = _sampled_prefix(tokenizer, text, session)
     rest = text[len(known_text) :]
-    return known_ids + tokenize(tokenizer, rest, "messages", add_special_tokens=False)
+    return known_ids + tokenize(tokenizer, rest, add_special_tokens=False)
 
 
-def tokenize(tokenizer: PreTrainedTokenizerBase, text: str, field: str, **kwargs: Any) -> list[int]:
-    """Token ids of `text`; a 400 naming `field` for text no tokenizer takes (a lone
-    surrogate somewhere the schema does not check, e.g. inside tool parameters)."""
-    try:
-        return list(tokenizer(text, **kwargs).input_ids)
-    except (TypeError, UnicodeEncodeError) as e:
+def tokenize(tokenizer: PreTrainedTokenizerBase, text: str, **kwargs: Any) -> list[int]:
+    """Token ids of `text` (Unicode: the gateway refuses lone surrogates at the edge,
+    limits.py). Releases the GIL while it encodes (`tokenizer(...)` encodes as a batch;
+    the tokenizer's single `encode` holds it)."""
+    return list(tokenizer(text, **kwargs).input_ids)
+
+
+def max_prompt_chars(tokenizer: PreTrainedTokenizerBase, max_model_len: int | None) -> int | None:
+    """The most characters a prompt of `max_model_len` tokens can have (the module's
+    docstring says why); None when the context is not known."""
+    if max_model_len is None:
+        return None
+    return max_model_len * max(len(token) for token in tokenizer.get_vocab())
+
+
+def check_length(
+    tokenizer: PreTrainedTokenizerBase, text: str, max_chars: int | None, field: str
+) -> None:
+    """A 400 naming `field` when `text` is over `max_chars` characters (normalized as the
+    tokenizer does first): more tokens than the model's context holds."""
+    if max_chars is None or len(text) <= max_chars:
+        return
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    chars = len(normalizer.normalize_str(text)) if normalizer is not None else len(text)
+    if chars > max_chars:
         raise APIError(
-            400, f"{field}: the tokenizer cannot encode this text ({e})", field
-        ) from None
+            400,
+            f"{field}: the prompt is {chars} characters, more than the model's context "
+            f"can hold as tokens ({max_chars}: max_model_len x the longest token's "
+            "characters); shorten it",
+            field,
+        )
 
 
 def _sampled_prefix(
@@ -97,10 +137,13 @@ def _sampled_prefix(
     """
     if session is None:
         return [], ""
-    texts = session.call_texts
-    for it in session.interactions[len(texts) :]:
-        texts.append(tokenizer.decode(it.prompt_ids + it.output_ids))
-    for it, known in zip(reversed(session.interactions), reversed(texts), strict=True):
+    with session.prompt_lock:  # another call of the session may be decoding them too
+        interactions = session.interactions[:]  # the loop may record more meanwhile
+        texts = session.call_texts
+        for it in interactions[len(texts) :]:
+            texts.append(tokenizer.decode(it.prompt_ids + it.output_ids))
+        texts = texts[: len(interactions)]
+    for it, known in zip(reversed(interactions), reversed(texts), strict=True):
         if text.startswith(known):
             return it.prompt_ids + it.output_ids, known
     return [], ""

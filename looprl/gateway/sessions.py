@@ -5,12 +5,15 @@ reward an agent posted over HTTP) and the SessionStore the gateway looks session
 in. Does not own HTTP (app.py) or how calls become training samples (trajectory.py).
 
 Sessions live on one event loop: the store is a plain dict, and nothing here awaits,
-so no lock is needed.
+so no lock is needed, but for one thing: prompts are built in worker threads
+(prompt_lanes.py), which decode a session's calls into `call_texts` holding its
+`prompt_lock`.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +59,7 @@ class Session:
     reward: Reward | None = None
     sampled_texts: dict[str, str] = field(default_factory=dict)  # tool call id -> its choice's text
     call_texts: list[str] = field(default_factory=list)  # decoded prompt + output, per interaction
+    prompt_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # call_texts'
     tool_call_errors: int = 0  # choices whose tool call could not be parsed
     # /v1/responses answers by id: the conversation a previous_response_id continues
     responses: dict[str, list[dict]] = field(default_factory=dict)
