@@ -32,6 +32,7 @@ from schemathesis.checks import (
 )
 
 from looprl.config import LimitsConfig, SamplingConfig
+from looprl.gateway import errors
 from looprl.gateway.schemas import AnthropicMessage, ChatCompletion, ResponseObject
 from looprl.models import load_model, load_tokenizer
 from tests.support.local_gateway import ThreadedGateway
@@ -485,3 +486,184 @@ def _report(name: str, statuses: Counter[int]) -> None:
         line = {"name": name, "cases": sum(statuses.values()), "statuses": statuses}
         with Path(REPORT).open("a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+# ---- lone surrogates in any string, and huge bodies, on every route ---------------------
+
+# One body per route with every string field the route takes, each a place to spoil.
+ARGUMENTS_JSON = json.dumps({"a": "1"})
+TOOL_SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "description": "x"}}}
+CHAT_BODY = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "u"}]},
+        {
+            "role": "assistant",
+            "content": "a",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "2"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": "d", "parameters": TOOL_SCHEMA},
+        }
+    ],
+    "stop": ["x"],
+    "max_tokens": 2,
+}
+RESPONSES_BODY = {
+    "model": "m",
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": ARGUMENTS_JSON},
+        {"type": "function_call_output", "call_id": "c1", "output": "2"},
+    ],
+    "instructions": "i",
+    "tools": [{"type": "function", "name": "add", "description": "d", "parameters": TOOL_SCHEMA}],
+    "metadata": {"k": "v"},
+    "include": ["message.output_text.logprobs"],
+    "stop": ["x"],
+    "max_output_tokens": 2,
+}
+COUNT_BODY = {
+    "model": "m",
+    "system": [{"type": "text", "text": "s"}],
+    "messages": [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": "1"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]},
+    ],
+    "tools": [{"name": "add", "description": "d", "input_schema": TOOL_SCHEMA}],
+}
+MESSAGES_BODY = {
+    **COUNT_BODY,
+    "stop_sequences": ["x"],
+    "metadata": {"user_id": "u"},
+    "max_tokens": 2,
+}
+ROUTE_BODIES = {
+    "chat/completions": CHAT_BODY,
+    "completions": {"model": "m", "prompt": "p", "stop": ["x"], "max_tokens": 2},
+    "responses": RESPONSES_BODY,
+    "messages": MESSAGES_BODY,
+    "messages/count_tokens": COUNT_BODY,
+    "reward": {"completion_id": "c", "reward": 1.0},
+}
+SURROGATES = st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"])
+
+
+def _strings(value, path=()) -> list[tuple[tuple, bool]]:
+    """Where `value` holds strings: (path, is a key) for each value and each key."""
+    if isinstance(value, str):
+        return [(path, False)]
+    if isinstance(value, list):
+        return [s for i, v in enumerate(value) for s in _strings(v, (*path, i))]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [((*path, k), True), *_strings(v, (*path, k))]]
+    return []
+
+
+def _edit(value, path: tuple, is_key: bool, edit):
+    """`value` with the string (or key) at `path` replaced by `edit(string)`."""
+    if not path:
+        return edit(value)
+    head, rest = path[0], path[1:]
+    if isinstance(value, list):
+        return [_edit(v, rest, is_key, edit) if i == head else v for i, v in enumerate(value)]
+    if is_key and not rest:
+        return {(edit(k) if k == head else k): v for k, v in value.items()}
+    return {k: _edit(v, rest, is_key, edit) if k == head else v for k, v in value.items()}
+
+
+def _post(gateway, handle, route: str, content: bytes) -> httpx.Response:
+    key = handle.reward_key if route == "reward" else handle.api_key
+    root = handle.base_url.removesuffix("/v1") if route == "reward" else handle.base_url
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    return httpx.post(f"{root}/{route}", content=content, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTE_BODIES))
+def test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field(gateway, route):
+    """Issue 51: "\\ud800" in the Responses API's `metadata` gave a 500 after the call was
+    generated and recorded. A lone surrogate in any value or key of any route's body,
+    streamed or not, is a 400 naming the field, before any work; one escaped inside a
+    JSON string (tool-call arguments) is text like any other."""
+    handle = gateway.call(lambda server: server.open_session())
+    body = ROUTE_BODIES[route]
+    places = _strings(body)
+    statuses: Counter[int] = Counter()
+
+    @settings(max_examples=EXAMPLES * 2, deadline=None, database=None)
+    @given(
+        at=st.integers(0, len(places) - 1),
+        surrogate=SURROGATES,
+        where=st.integers(0, 3),
+        escaped=st.booleans(),
+        stream=st.booleans(),
+    )
+    def fuzz(at, surrogate, where, escaped, stream):
+        path, is_key = places[at]
+        if escaped:  # JSON text inside a string holding "\\ud800": valid Unicode
+            surrogate = json.dumps(surrogate)[1:-1]
+        spoiled = _edit(body, path, is_key, lambda s: s[:where] + surrogate + s[where:])
+        if stream and route not in ("reward", "messages/count_tokens"):
+            spoiled = {**spoiled, "stream": True}
+        response = _post(gateway, handle, route, _surrogate_safe_json(spoiled))
+        statuses[response.status_code] += 1
+        if escaped:
+            assert response.status_code in (200, 400), (response.status_code, response.text[:300])
+            return
+        assert response.status_code == 400, (path, response.status_code, response.text[:300])
+        answer = response.json()
+        if errors.anthropic_route(f"/v1/{route}"):
+            message = answer["error"]["message"]
+        else:
+            message, param = answer["error"]["message"], answer["error"]["param"]
+            assert param is None or message.startswith(f"{param}:"), answer
+        assert "lone surrogate" in message, answer
+        named = [p for p in path[: len(path) - is_key] if isinstance(p, str)]
+        assert message.startswith(named[0] if named else "the request body"), (path, message)
+
+    fuzz()
+    assert not any(status >= 500 for status in statuses), statuses
+    _report(f"lone surrogates in {route}", statuses)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTE_BODIES))
+def test_huge_strings_in_any_field_are_answered_without_a_server_error(gateway, route):
+    """A string as large as the body limit allows in any field: a 200, a 400 (too long for
+    the context, a limit) or a 413 (over the body limit), never a 5xx."""
+    handle = gateway.call(lambda server: server.open_session())
+    body = ROUTE_BODIES[route]
+    places = [place for place in _strings(body) if not place[1]]
+    statuses: Counter[int] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None)
+    @given(
+        at=st.integers(0, len(places) - 1),
+        size=st.sampled_from([LIMITS.max_request_bytes - 2048, LIMITS.max_request_bytes + 1]),
+        filler=st.sampled_from(["a", "é", "😀", " ", "[", "\\", '"']),
+    )
+    def fuzz(at, size, filler):
+        path, _ = places[at]
+        grown = _edit(body, path, False, lambda s: s + filler * (size // len(filler.encode())))
+        content = json.dumps(grown, ensure_ascii=False).encode()
+        response = _post(gateway, handle, route, content)
+        statuses[response.status_code] += 1
+        assert response.status_code in (200, 400, 413), (path, response.text[:300])
+        if len(content) > LIMITS.max_request_bytes:
+            assert response.status_code == 413, (path, len(content))
+
+    fuzz()
+    _report(f"huge strings in {route}", statuses)
