@@ -109,7 +109,9 @@ def parse_group_scores(reply: str, count: int, scale: int) -> list[float] | None
         if match is None:
             continue
         index, value, over = match.groups()
-        if over is not None and int(over) != scale:
+        if over is not None and not _is_scale(over, scale):
+            return None
+        if len(index) > _MAX_SCALE_DIGITS:  # no group has that many candidates
             return None
         scores[int(index)].add(float(value))
     if set(scores) != set(range(1, count + 1)) or any(len(v) != 1 for v in scores.values()):

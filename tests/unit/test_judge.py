@@ -130,3 +130,24 @@ def test_a_denominator_of_thousands_of_digits_is_no_scale():
     assert parse_score("Score: 5/" + "9" * 5000, 10) is None
     assert parse_score("5/" + "9" * 5000, 10) is None
     assert parse_score("Score: " + "9" * 5000, 10) is None  # out of range, as a float: inf
+
+
+GROUP_REPLIES = st.one_of(
+    REPLIES.map(lambda r: r.replace("Score", "Candidate 1")),
+    st.tuples(st.integers(0, 6000), st.integers(0, 6000), st.integers(0, 6000)).map(
+        lambda n: f"Candidate {'1' * n[0]}: {'7' * n[1]}/{'9' * n[2]}"
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reply=GROUP_REPLIES, count=st.integers(1, 4), scale=st.integers(1, 100))
+def test_the_group_parser_never_raises(reply, count, scale):
+    scores = parse_group_scores(reply, count, scale)
+    assert scores is None or (len(scores) == count and all(0 <= s <= 1 for s in scores))
+
+
+def test_a_candidate_number_or_denominator_of_thousands_of_digits_is_unreadable():
+    assert parse_group_scores("Candidate " + "1" * 5000 + ": 4", 1, 10) is None
+    assert parse_group_scores("Candidate 1: 4/" + "9" * 5000, 1, 10) is None
+    assert parse_group_scores("Candidate 1: 4/10", 1, 10) == [0.4]
