@@ -4,45 +4,21 @@ user (root in CI) and as an unprivileged user, and what they left on the host.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards import sandbox
 from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
-from tests.support.as_user import run_as_user
+from tests.support.as_user import ROOT, USERS, run_module_json
 from tests.support.hostile_box import DISK_MB
 
 NO_BOX = bubblewrap_missing()
 needs_box = pytest.mark.skipif(NO_BOX is not None, reason=f"no box here: {NO_BOX}")
-ROOT = os.geteuid() == 0
-REPO = Path(__file__).resolve().parents[2]
 REFUSED = "Operation not permitted"
-
-USERS = [
-    pytest.param(False, id="this user"),
-    pytest.param(
-        True,
-        id="an unprivileged user",
-        marks=pytest.mark.skipif(not ROOT, reason="creating the unprivileged user needs root"),
-    ),
-]
 
 
 def _hostile_box(part: str, as_user: bool) -> dict:
-    argv = [sys.executable, "-m", "tests.support.hostile_box", part]
-    env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
-    if as_user:
-        done = run_as_user(argv, cwd=REPO, env=env, timeout=120)
-    else:
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_module_json("tests.support.hostile_box", [part], as_user, timeout=120)
 
 
 @needs_box

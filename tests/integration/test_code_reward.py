@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,13 +28,11 @@ from looprl.rewards import RewardFailed
 from looprl.rewards.cases import judge_verdicts, parse_test, program_values
 from looprl.rewards.code import CodeReward, extract_program
 from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
-from tests.support.as_user import run_as_user
+from tests.support.as_user import ROOT, USERS, run_module_json
 from tests.support.tiny_run import train_two_steps
 
 NO_BOX = bubblewrap_missing()
 needs_box = pytest.mark.skipif(NO_BOX is not None, reason=f"no box here: {NO_BOX}")
-ROOT = os.geteuid() == 0
-REPO = Path(__file__).resolve().parents[2]
 
 LIMITS = dict(timeout_s=8.0, cpu_time_s=2, memory_mb=256, max_processes=16, disk_mb=16)
 
@@ -81,24 +78,7 @@ async def test_pass_fraction_counts_each_test_on_its_own():
 
 
 def _suite(isolation: str, as_user: bool) -> dict:
-    argv = [sys.executable, "-m", "tests.support.hostile", isolation]
-    env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
-    if as_user:
-        done = run_as_user(argv, cwd=REPO, env=env, timeout=240)
-    else:
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-USERS = [
-    pytest.param(False, id="this user"),
-    pytest.param(
-        True,
-        id="an unprivileged user",
-        marks=pytest.mark.skipif(not ROOT, reason="creating the unprivileged user needs root"),
-    ),
-]
+    return run_module_json("tests.support.hostile", [isolation], as_user, timeout=240)
 
 
 @needs_box

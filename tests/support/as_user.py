@@ -9,6 +9,7 @@ those and nothing else of the directory. Nothing changes outside that namespace.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
@@ -16,6 +17,8 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 TEST_USER = "looprl-sandbox-test"
 
@@ -70,3 +73,32 @@ def run_as_user(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: flo
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
+
+# Both ways a test runs a box: as whoever runs the tests, and (as root) as the test user.
+USERS = [
+    pytest.param(False, id="this user"),
+    pytest.param(
+        True,
+        id="an unprivileged user",
+        marks=pytest.mark.skipif(not ROOT, reason="creating the unprivileged user needs root"),
+    ),
+]
+
+
+def run_module_json(module: str, args: list[str], as_user: bool, timeout: float) -> dict:
+    """`python -m module *args` from the checkout, as this user or the test user, with a
+    bare environment; its stdout parsed as one JSON object."""
+    argv = [sys.executable, "-m", module, *args]
+    env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+    if as_user:
+        done = run_as_user(argv, cwd=REPO, env=env, timeout=timeout)
+    else:
+        done = subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)

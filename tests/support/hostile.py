@@ -35,7 +35,7 @@ from pathlib import Path
 from looprl.config import CodeRewardConfig
 from looprl.rewards.code import CodeReward
 
-LIMITS = dict(timeout_s=2.0, cpu_time_s=1, memory_mb=256, max_processes=16, disk_mb=16)
+LIMITS = dict(timeout_s=4.0, cpu_time_s=1, memory_mb=256, max_processes=16, disk_mb=16)
 TESTS = ["assert f(2) == 4\nassert f(5) == 10"]  # one test, one box per trick
 WRONG = "def f(x):\n    return 3\n"
 MARKER = "987.654"  # the survivors' sleep, found by it in /proc afterwards
