@@ -1,8 +1,9 @@
 """What the code reward's box costs per test (`reward.type=code`).
 
-Claim measured: a bubblewrap box per test (a new root file system, PID, network, IPC
-and UTS namespaces, the memory watch, and as root a user id claimed per box) adds a few
-tens of milliseconds to a test, small against a model's sampling of the program. The
+Claim measured: a script test runs in two bubblewrap boxes (the program's, then the
+judge's; each a new root file system, PID, network, IPC and UTS namespaces, a seccomp
+filter, the memory watch, and as root a user id claimed per box), which adds a few tens
+of milliseconds to a test, small against a model's sampling of the program. The
 baseline, measured in the same run, is the same test through `CodeReward.score` with
 `reward.code.isolation=unisolated` (the same harness and verdict, no box), and a bare
 `python -I -S -c pass` (what any subprocess-per-test judge pays).
