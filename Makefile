@@ -99,9 +99,11 @@ apt-install = if ! $(2) && command -v apt-get >/dev/null 2>&1; then \
 chromium:
 	@$(call apt-install,chromium,[ -x /usr/bin/chromium ],the viewer's browser tests)
 
-# The code reward's sandbox (looprl/rewards/sandbox.py) is bubblewrap.
+# The code reward's sandbox (looprl/rewards/sandbox.py) is bubblewrap, with a seccomp
+# filter built by libseccomp.
 bubblewrap:
 	@$(call apt-install,bubblewrap,command -v bwrap >/dev/null 2>&1,the sandbox tests)
+	@$(call apt-install,libseccomp2,ldconfig -p | grep -q libseccomp.so.2,the sandbox tests)
 
 # The sbatch template's tests (tests/e2e/test_slurm.py) run a one-node Slurm (and munge).
 slurm:
