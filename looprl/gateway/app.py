@@ -19,10 +19,8 @@ Routes, each also at plain `/v1/...` without auth or recording when `sessionless
     POST /sessions/{id}/reward
          {"reward": 1.0} | {"rewards": {cid: 1.0}} | {"completion_id": cid, "reward": 1.0}
     GET  /health
-Session routes need `Authorization: Bearer <the session's api_key>` (or `x-api-key`, as
-Anthropic's clients send it), the reward route the session's other key, `reward_key`,
-as Bearer (sessions.py says why two): one 401 for a missing or wrong key and for a
-session not open (a caller cannot probe which exist); keys compared in constant time.
+Session routes need the session's `api_key`, the reward route its `reward_key`
+(keys.py checks them; sessions.py says why two).
 
 What one request may ask is bounded (gateway.limits, limits.py): body size (413), JSON
 nesting, text that is not Unicode (a lone surrogate, in any field), messages, stop
@@ -64,13 +62,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
@@ -81,6 +78,7 @@ from looprl.gateway import limits as limits_lib
 from looprl.gateway import tools as tools_lib
 from looprl.gateway.anthropic_messages import CountTokensRequest, MessagesRequest
 from looprl.gateway.errors import APIError, ClientGone, engine_failed, install_error_handlers
+from looprl.gateway.keys import Keys
 from looprl.gateway.openai_responses import ResponsesRequest
 from looprl.gateway.prompt_lanes import PromptLanes
 from looprl.gateway.responses import (
@@ -156,55 +154,14 @@ def create_app(
     )
     install_error_handlers(app)
 
-    def authorized(session_id: str, key: str | None, key_name: str) -> Session:
-        """The open session whose `key_name` key was sent; else the 401."""
-        session = store.get(session_id)
-        # Compared even for an unknown session, so timing does not tell which exist.
-        expected = getattr(session, key_name) if session is not None else _NO_SESSION_KEY
-        matches = secrets.compare_digest((key or "").encode(), expected.encode())
-        if session is None or not matches:
-            raise APIError(
-                401,
-                "this session is not open (never opened, or closed when its rollout "
-                f"ended) or the key is wrong: send `Authorization: Bearer <{key_name}>` "
-                f"(or `x-api-key: <{key_name}>`) with the {key_name} the session was "
-                "opened with",
-                type="authentication_error",
-            )
-        return session
-
-    def session_for(
-        session_id: str,
-        authorization: str | None = Header(None),
-        x_api_key: str | None = Header(None),
-    ) -> Session:
-        return authorized(session_id, _sent_key(authorization, x_api_key), "api_key")
-
-    def reward_session_for(session_id: str, authorization: str | None = Header(None)) -> Session:
-        return authorized(session_id, _sent_key(authorization, None), "reward_key")
-
-    def sessionless_auth(
-        authorization: str | None = Header(None), x_api_key: str | None = Header(None)
-    ) -> None:
-        if sessionless_api_key is None:
-            return None
-        key = _sent_key(authorization, x_api_key) or ""
-        if not secrets.compare_digest(key.encode(), sessionless_api_key.encode()):
-            raise APIError(
-                401,
-                "wrong or missing API key: send `Authorization: Bearer <key>` (or "
-                "`x-api-key: <key>`) with the key the server was started with (--api-key)",
-                type="authentication_error",
-            )
-        return None
-
-    app.include_router(gateway.router(session_for), prefix="/sessions/{session_id}/v1")
+    keys = Keys(store, sessionless_api_key)
+    app.include_router(gateway.router(keys.session_for), prefix="/sessions/{session_id}/v1")
     if sessionless:
-        app.include_router(gateway.router(sessionless_auth), prefix="/v1")
+        app.include_router(gateway.router(keys.sessionless), prefix="/v1")
 
     @app.post("/sessions/{session_id}/reward", responses=documented(RewardResponse, 400, 401, 413))
     async def post_reward(
-        body: RewardRequest, session: Session = Depends(reward_session_for)
+        body: RewardRequest, session: Session = Depends(keys.reward_session_for)
     ) -> dict:
         try:
             session.post_reward(body.value())
@@ -227,18 +184,6 @@ def create_app(
     return app
 
 
-_NO_SESSION_KEY = secrets.token_urlsafe(32)  # what a key for an unknown session is compared to
-
-
-def _sent_key(authorization: str | None, x_api_key: str | None) -> str | None:
-    """The key sent as `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's
-    clients given an API key), None when neither."""
-    scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() == "bearer":
-        return key.strip()
-    return x_api_key
-
-
 class Gateway:
     """Request handling shared by the session routes and the sessionless ones."""
 
@@ -259,7 +204,7 @@ class Gateway:
         self.limits = limits
         self.vocab_size = len(tokenizer)
         self.max_prompt_chars = prompts.max_prompt_chars(tokenizer, max_model_len)
-        self.lanes = PromptLanes()
+        self.lanes = PromptLanes.shared()
         self.native_tools = tools_lib.template_renders_tools(tokenizer.chat_template)
         self.tool_call_errors = 0  # outputs that looked like a tool call but did not parse
         # The last conversations answered over /v1/responses without a session (`looprl

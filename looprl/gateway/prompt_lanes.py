@@ -25,8 +25,8 @@ thread and its result is discarded.
 Concurrency contract: `run` is called on the event loop and awaits the job's result
 (or its exception); the job runs in a lane's thread and must not touch state the loop
 mutates without a lock (prompts.py holds the session's `prompt_lock` where it does).
-The threads are made on first use and end with the process (the executors do not
-outlive it: their threads are joined at exit, idle).
+One set of lanes serves every gateway of a process (`PromptLanes.shared`); its threads
+are made on first use and end with the process (joined at exit, idle).
 """
 
 from __future__ import annotations
@@ -49,6 +49,20 @@ LARGE_NICE = 10  # their CPU priority, below the engine's and small requests' (L
 
 class PromptLanes:
     """Two thread pools: one for requests up to LARGE_BODY_BYTES, one for larger ones."""
+
+    _shared: PromptLanes | None = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> PromptLanes:
+        """The process's lanes, made on first use. Every gateway of a process uses them:
+        they share its cores anyway, and threads made per gateway would outlive it (an
+        idle pool's threads end only with the process; a test run that made a gateway
+        per test left hundreds, past what a hang report's stack dump shows)."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
 
     def __init__(self) -> None:
         self._small = ThreadPoolExecutor(SMALL_WORKERS, thread_name_prefix="looprl-prompt")
