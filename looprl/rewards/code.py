@@ -24,15 +24,9 @@ from collections.abc import AsyncIterator
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards import Scorer, check_failure_rate
-from looprl.rewards.cases import (
-    StdioTest,
-    Test,
-    judge_stdio,
-    judge_verdicts,
-    parse_test,
-    program_values,
-)
+from looprl.rewards.cases import StdioTest, Test, parse_test
 from looprl.rewards.sandbox import BoxRun, Sandbox
+from looprl.rewards.verdict import judge_stdio, judge_verdicts, program_values
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from looprl.config import CodeRewardConfig
-from looprl.rewards import sandbox
+from looprl.rewards import seccomp
 from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
 from tests.support.as_user import ROOT, USERS, run_module_json
 from tests.support.hostile_box import DISK_MB
@@ -82,7 +82,7 @@ async def test_unisolated_refuses_the_same_calls_but_sockets():
 def test_no_filter_no_box(monkeypatch):
     """A filter libseccomp cannot build (here, a call it does not know) starts no box in
     either isolation: the sandbox says why instead of running weaker."""
-    monkeypatch.setattr(sandbox, "_REFUSED_CALLS", (*sandbox._REFUSED_CALLS, "no_such_call"))
+    monkeypatch.setattr(seccomp, "_REFUSED_CALLS", (*seccomp._REFUSED_CALLS, "no_such_call"))
     assert "no_such_call" in bubblewrap_missing()
     for isolation in ("bubblewrap", "unisolated"):
         with pytest.raises(SandboxUnavailable, match="no_such_call"):

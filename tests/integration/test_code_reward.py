@@ -25,9 +25,10 @@ import pytest
 
 from looprl.config import CodeRewardConfig
 from looprl.rewards import RewardFailed
-from looprl.rewards.cases import judge_verdicts, parse_test, program_values
+from looprl.rewards.cases import parse_test
 from looprl.rewards.code import CodeReward, extract_program
 from looprl.rewards.sandbox import Sandbox, SandboxUnavailable, bubblewrap_missing
+from looprl.rewards.verdict import judge_verdicts, program_values
 from tests.support.as_user import ROOT, USERS, run_module_json
 from tests.support.tiny_run import train_two_steps
 

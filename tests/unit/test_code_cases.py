@@ -9,15 +9,8 @@ import json
 import pytest
 
 from looprl.rewards import code
-from looprl.rewards.cases import (
-    ScriptTest,
-    StdioTest,
-    UnjudgeableTest,
-    judge_stdio,
-    judge_verdicts,
-    parse_test,
-    program_values,
-)
+from looprl.rewards.cases import ScriptTest, StdioTest, UnjudgeableTest, parse_test
+from looprl.rewards.verdict import judge_stdio, judge_verdicts, program_values
 
 
 def split(text: str) -> tuple[str, str]:
