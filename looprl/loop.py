@@ -178,6 +178,7 @@ async def train(cfg: Config, *, show_progress: bool = True) -> TrainSummary:
                     credit=cfg.train.credit,
                     gamma=cfg.train.gamma,
                     gae_lambda=cfg.train.gae_lambda,
+                    loss_agg=cfg.train.loss_agg,
                 )
                 metrics.status("training")
                 train_stats = await train_step(trainer, batch, engine, pause=parts.pause_engine)

@@ -135,8 +135,16 @@ class TrainConfig(Section):
         "'sequence' the product of its tokens' weights, 'geometric' their geometric mean.",
     )
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="How per-token losses are reduced over the batch."
+    loss_agg: Literal[
+        "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_token_mean"
+    ] = Field(
+        "token_mean",
+        description="How per-token losses are reduced over the batch: 'token_mean' (every "
+        "sampled token weighs the same), 'seq_mean_token_mean' (each sample's mean), "
+        "'seq_mean_token_sum_norm' (Dr. GRPO: token sums over a constant), "
+        "'turn_token_mean' (token_mean within each call position of multi-turn rollouts, "
+        "each position weighted by its share of the calls: a short last reply weighs as "
+        "much as a long first one; token_mean for one-call rollouts).",
     )
     kl_coef: float = Field(
         0.0,

@@ -16,6 +16,7 @@ import torch
 
 from looprl.config import OverlongConfig
 from looprl.training.advantages import Credit, Episodes, credit_advantages
+from looprl.training.losses import LossAgg, loss_normalizer, token_weights
 from looprl.training.overlong import shape_overlong
 from looprl.types import Trajectory
 
@@ -58,6 +59,13 @@ class TrainBatch:
     def num_sampled_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def token_turns(self) -> torch.Tensor:  # (N, T) int64
+        """Each sampled token's model call, as its 1-based position in the rollout, 0 on
+        tokens the policy did not sample (`call_positions`)."""
+        turn = self.turn if self.turn is not None else torch.ones_like(self.advantages).long()
+        return call_positions(self.loss_mask, turn)
+
     def select(self, rows: torch.Tensor) -> TrainBatch:
         """The sub-batch of `rows` (n,) int64, trimmed to its longest row."""
         width = int(self.lengths[rows].max())
@@ -80,6 +88,7 @@ def build_batch(
     credit: Credit = "per_call",
     gamma: float = 1.0,
     gae_lambda: float = 1.0,
+    loss_agg: LossAgg = "token_mean",
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Pad trajectories into a TrainBatch; trajectories with equal `group_id` form a group
     whose advantages `algorithm` (train.algorithm) computes from their rewards, shaped
@@ -90,7 +99,8 @@ def build_batch(
     (`reward_mean` of the rewards before shaping), `degenerate_group_share` (the rollout
     groups whose episode returns were all equal), the overlong counts, token counts of
     what was sampled (samples left out included) and, when a rollout has several samples,
-    the per-turn figures of `turn_stats`."""
+    the per-turn figures of `turn_stats` (their loss shares under `loss_agg`,
+    train.loss_agg)."""
     if not trajectories:
         raise ValueError("build_batch got no trajectories")
     n, width = len(trajectories), max(t.num_tokens for t in trajectories)
@@ -142,8 +152,8 @@ def build_batch(
         group_index=group_index,
         turn=episodes.turn,
     )
-    if int(episodes.turn.max()) > 1:
-        stats.update(turn_stats(batch))
+    if int(batch.token_turns.max()) > 1:
+        stats.update(turn_stats(batch, loss_agg))
     stats.update(
         num_sequences=float(n),
         num_tokens=float(batch.num_tokens),
@@ -188,25 +198,50 @@ def degenerate_share(group_index: torch.Tensor, episodes: Episodes) -> float:
     return sum(len(values) == 1 for values in returns.values()) / len(returns)
 
 
-def turn_stats(batch: TrainBatch) -> dict[str, float]:
-    """Per turn position k (1-based) of the batch's samples: `turn{k}_samples`, the mean
-    reward the estimator saw (`turn{k}_return_mean`), the advantages' mean and mean
-    absolute value, and `turn{k}_loss_share`: that turn's share of sum |A| x sampled
-    tokens over the batch, its weight in the policy loss before clipping (0 everywhere
-    when every advantage is 0)."""
-    tokens = batch.loss_mask.sum(dim=1).float()  # (N,)
-    weight = batch.advantages.abs() * tokens  # (N,)
+def call_positions(loss_mask: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+    """Each sampled token's call position in its rollout (1-based), 0 elsewhere.
+    loss_mask (N, T) bool, turn (N,) int64 (the position of each sample's first call)
+    -> (N, T) int64. A sample's calls are its runs of sampled tokens: the tokens between
+    two calls of a concatenated sample (the follow-up message, a tool result, the chat
+    template's closing tokens) are not sampled, so the j-th run (0-based) is call
+    turn + j.
+
+    >>> mask = torch.tensor([[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    >>> call_positions(mask, torch.tensor([1, 3])).tolist()
+    [[0, 1, 1, 0, 0, 2], [0, 0, 3, 3, 0, 0]]
+    """
+    before = torch.nn.functional.pad(loss_mask[:, :-1], (1, 0))
+    runs = (loss_mask & ~before).long().cumsum(dim=1)  # run index, 1-based, per token
+    return torch.where(loss_mask, turn[:, None] - 1 + runs, 0)
+
+
+def turn_stats(batch: TrainBatch, loss_agg: LossAgg = "token_mean") -> dict[str, float]:
+    """Per call position k (1-based) in the rollouts, over the batch's sampled tokens
+    (`TrainBatch.token_turns`: a concatenated sample's calls count at their own
+    positions, as separate samples' do): `turn{k}_samples` (the calls at k), the mean
+    reward the estimator saw for them (`turn{k}_return_mean`), their advantages' mean
+    and mean absolute value, `turn{k}_tokens` (their mean sampled tokens) and
+    `turn{k}_loss_share`: the turn's share of sum |A| x token weight over the batch's
+    tokens, the weights `loss_agg`'s (`losses.token_weights`): its share of the policy
+    loss's gradient before clipping (0 everywhere when every advantage is 0)."""
+    positions = batch.token_turns  # (N, T)
+    normalizer = loss_normalizer(batch.loss_mask, loss_agg, positions)
+    weights = token_weights(batch.loss_mask, loss_agg, normalizer, positions)
+    weight = batch.advantages.abs()[:, None] * weights  # (N, T)
     total = float(weight.sum())
     stats = {}
-    for k in range(1, int(batch.turn.max()) + 1):
-        at = batch.turn == k
+    for k in range(1, int(positions.max()) + 1):
+        tokens = (positions == k).sum(dim=1)  # (N,)
+        at = tokens > 0
         if not bool(at.any()):
             continue
         stats[f"turn{k}_samples"] = float(at.sum())
         stats[f"turn{k}_return_mean"] = float(batch.rewards[at].mean())
         stats[f"turn{k}_advantage_mean"] = float(batch.advantages[at].mean())
         stats[f"turn{k}_advantage_abs_mean"] = float(batch.advantages[at].abs().mean())
-        stats[f"turn{k}_loss_share"] = float(weight[at].sum()) / total if total > 0 else 0.0
+        stats[f"turn{k}_tokens"] = float(tokens[at].float().mean())
+        share = float(weight[positions == k].sum()) / total if total > 0 else 0.0
+        stats[f"turn{k}_loss_share"] = share
     return stats
 
 

@@ -64,6 +64,14 @@ losses sum to exactly the whole batch's loss:
   batch. Dr. GRPO's
   constant length normalization; the paper uses the generation budget and verl the
   padded response width, here it is the batch's longest sampled span.
+- `turn_token_mean`: token_mean within each call position k of the rollouts (the
+  turns of `TrainBatch.token_turns`), the positions weighted by their share of the
+  batch's calls: a token at k has weight n_k / (N x T_k), with n_k the calls at k, T_k
+  their sampled tokens and N all calls. The normalizer is then a tensor over positions
+  (N x T_k / n_k at k), and `aggregate` needs each token's position. Each call weighs
+  as much as any other on average however long its turn's replies run, so a 3-token
+  final answer is not drowned by a 48-token first reply; with one call per rollout it
+  is token_mean exactly.
 
 A batch with no sampled token (every sample left out, see overlong.py) has normalizer 1:
 its loss and gradient are 0.
@@ -75,7 +83,7 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_token_mean"]
 KLEstimator = Literal["k1", "k3"]
 Objective = Literal["ppo", "gspo", "cispo"]
 MismatchCorrection = Literal["none", "tis", "mis"]
@@ -84,9 +92,25 @@ MismatchLevel = Literal["token", "sequence", "geometric"]
 MISMATCH_RATIO_RANGE = (0.5, 2.0)  # mismatch_ratio_outside_frac counts ratios outside it
 
 
-def loss_normalizer(loss_mask: torch.Tensor, agg: LossAgg) -> float:
+def loss_normalizer(
+    loss_mask: torch.Tensor, agg: LossAgg, positions: torch.Tensor | None = None
+) -> float | torch.Tensor:
     """The denominator of `aggregate` for the whole (mini-)batch, at least 1.
-    loss_mask (N, T) bool."""
+    loss_mask (N, T) bool. turn_token_mean: positions (N, T) int64, each sampled token's
+    call position (`TrainBatch.token_turns`), and the result is a float64 tensor (K+1,):
+    the denominator of the tokens at each position k (1 at 0 and where none are)."""
+    if agg == "turn_token_mean":
+        if positions is None:
+            raise ValueError("loss_agg=turn_token_mean needs each token's call position")
+        positions = positions.cpu()
+        tokens = torch.bincount(positions[loss_mask.cpu()], minlength=1).double()  # T_k
+        # n_k: the rows with a token at k (a row holds at most one call at k)
+        at = torch.zeros(positions.shape[0], len(tokens), dtype=torch.bool)
+        at[torch.arange(positions.shape[0])[:, None], positions] = True
+        calls = at.sum(dim=0).double()
+        calls[0] = 0
+        norm = torch.where(calls > 0, calls.sum() * tokens / calls.clamp(min=1), 1.0)
+        return norm
     if agg == "token_mean":
         value = loss_mask.sum()
     elif agg == "seq_mean_token_mean":
@@ -98,17 +122,39 @@ def loss_normalizer(loss_mask: torch.Tensor, agg: LossAgg) -> float:
     return max(float(value), 1.0)
 
 
-def aggregate(
-    values: torch.Tensor, mask: torch.Tensor, agg: LossAgg, normalizer: float
+def token_weights(
+    mask: torch.Tensor,
+    agg: LossAgg,
+    normalizer: float | torch.Tensor,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values (B, T) over `mask` (B, T) to this micro-batch's share."""
-    masked = torch.where(mask, values, 0.0)  # (B, T)
-    if agg == "seq_mean_token_mean":
-        per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B,)
-        return per_seq.sum() / normalizer
-    if agg in ("token_mean", "seq_mean_token_sum_norm"):
-        return masked.sum() / normalizer
-    raise ValueError(f"train.loss_agg={agg!r} is not one of {list(LossAgg.__args__)}")
+    """Each token's weight in the aggregated loss (B, T), 0 off `mask` (B, T): `aggregate`
+    is sum(values x weights). turn_token_mean: `normalizer` is loss_normalizer's tensor,
+    `positions` (B, T) each token's call position."""
+    if agg == "turn_token_mean":
+        if positions is None:
+            raise ValueError("loss_agg=turn_token_mean needs each token's call position")
+        per_token = 1 / torch.as_tensor(normalizer, device=mask.device)[positions]
+    elif agg == "seq_mean_token_mean":
+        per_token = 1 / (mask.sum(dim=1, keepdim=True).clamp(min=1) * normalizer)
+    elif agg in ("token_mean", "seq_mean_token_sum_norm"):
+        per_token = torch.full(mask.shape, 1 / normalizer, device=mask.device)
+    else:
+        raise ValueError(f"train.loss_agg={agg!r} is not one of {list(LossAgg.__args__)}")
+    return torch.where(mask, per_token, 0.0)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    agg: LossAgg,
+    normalizer: float | torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values (B, T) over `mask` (B, T) to this micro-batch's share:
+    sum(values x `token_weights`)."""
+    weights = token_weights(mask, agg, normalizer, positions).to(values.dtype)
+    return (torch.where(mask, values, 0.0) * weights).sum()
 
 
 def policy_loss(
@@ -120,13 +166,14 @@ def policy_loss(
     eps_clip: float,
     eps_clip_high: float,
     agg: LossAgg,
-    normalizer: float,
+    normalizer: float | torch.Tensor,
     objective: Objective = "ppo",
     behavior_logprobs: torch.Tensor | None = None,
     mismatch_correction: MismatchCorrection = "none",
     mismatch_cap: float = float("inf"),
     mismatch_floor: float = 0.0,
     mismatch_level: MismatchLevel = "token",
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The `objective`'s loss of one micro-batch, each token's loss multiplied by its
     corrected behavior weight when `behavior_logprobs` is given (module docstring).
@@ -134,10 +181,11 @@ def policy_loss(
     logprobs, proximal_logprobs, behavior_logprobs, mask: (B, T); advantages: (B,), one
     per sequence, or (B, T), one per token (distillation).
     eps_clip, eps_clip_high: the clip range [1 - eps_clip, 1 + eps_clip_high] of the
-    objective's ratio. Returns the scalar loss (this micro-batch's share) and stats
+    objective's ratio. positions: each token's call position, for turn_token_mean
+    (`aggregate`). Returns the scalar loss (this micro-batch's share) and stats
     averaged over the micro-batch's sampled tokens.
     """
-    if normalizer <= 0:
+    if bool((torch.as_tensor(normalizer) <= 0).any()):
         raise ValueError(f"normalizer must be > 0, got {normalizer}")
     objectives = {"ppo": ppo_token_loss, "gspo": gspo_token_loss, "cispo": cispo_token_loss}
     if objective not in objectives:
@@ -159,7 +207,7 @@ def policy_loss(
         )
         token_loss = token_loss * weight
         stats.update(weight_stats)
-    loss = aggregate(torch.where(keep, token_loss, 0.0), mask, agg, normalizer)
+    loss = aggregate(torch.where(keep, token_loss, 0.0), mask, agg, normalizer, positions)
     with torch.no_grad():
         stats["clip_frac"] = masked_mean(clipped, mask)
         stats["ratio_mean"] = masked_mean(ratio, mask)

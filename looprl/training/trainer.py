@@ -288,7 +288,7 @@ class Trainer:
         floor = self.cfg.entropy_floor
         self._entropy_coef = self.cfg.entropy_coef if floor == 0 or sampled_nll < floor else 0.0
         # Per-turn entropy sums and token counts (turns 0..max), filled by the passes.
-        turns = 0 if batch.turn is None else int(batch.turn.max())
+        turns = int(batch.token_turns.max())
         self._turn_entropy = torch.zeros(turns + 1, 2, dtype=torch.float64) if turns > 1 else None
         steps: list[dict[str, float]] = []
         for _ in range(self.cfg.ppo_epochs):
@@ -348,7 +348,7 @@ class Trainer:
         a zero gradient, as the whole batch would give it, for the optimizer's step.)
         """
         cfg = self.cfg
-        normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg)
+        normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg, batch.token_turns)
         kept = torch.arange(batch.num_sequences)  # rows of `batch` run, by their index
         if cfg.kl_coef == 0 and batch.teacher_logprobs is None and self._entropy_coef == 0:
             kept = _rows_with_gradient(batch)
@@ -359,6 +359,7 @@ class Trainer:
         total_loss, num_micro_batches, fresh_tokens = 0.0, 0, 0
         for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
+            positions = mb.token_turns if cfg.loss_agg == "turn_token_mean" else None
             logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
             picked = mb.input_ids[mb.loss_mask]  # (K,)
             sampled = sampled_logprobs(logits, picked, top_k=self.top_k, top_p=self.top_p)
@@ -391,16 +392,17 @@ class Trainer:
                 mismatch_cap=cfg.mismatch_cap,
                 mismatch_floor=cfg.mismatch_floor,
                 mismatch_level=cfg.mismatch_level,
+                positions=positions,
             )
             with torch.set_grad_enabled(self._entropy_coef > 0):
                 token_entropy = entropy_from_logits(logits)  # (K,)
             if self._entropy_coef > 0:  # the bonus, aggregated as the loss is
                 per_token = torch.zeros_like(logprobs).masked_scatter(mb.loss_mask, token_entropy)
-                bonus = aggregate(per_token, mb.loss_mask, cfg.loss_agg, normalizer)
+                bonus = aggregate(per_token, mb.loss_mask, cfg.loss_agg, normalizer, positions)
                 loss = loss - self._entropy_coef * bonus
             token_entropy = token_entropy.detach()
-            if self._turn_entropy is not None and counts and mb.turn is not None:
-                token_turn = mb.turn[mb.loss_mask.nonzero()[:, 0]].cpu()  # (K,)
+            if self._turn_entropy is not None and counts:
+                token_turn = mb.token_turns[mb.loss_mask].cpu()  # (K,)
                 self._turn_entropy[:, 0].index_add_(0, token_turn, token_entropy.double().cpu())
                 self._turn_entropy[:, 1].index_add_(
                     0, token_turn, torch.ones_like(token_turn).double()
@@ -413,7 +415,8 @@ class Trainer:
                     stats["distill_kl"] = -masked_mean(gap, mb.loss_mask)
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_estimator)  # (B, T)
-                loss = loss + cfg.kl_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer)
+                kl_loss = aggregate(kl, mb.loss_mask, cfg.loss_agg, normalizer, positions)
+                loss = loss + cfg.kl_coef * kl_loss
                 stats["kl"] = masked_mean(kl.detach(), mb.loss_mask)
             del logits  # so two micro-batches' (B, T, V) logits are never alive at once
             if counts:

@@ -219,3 +219,35 @@ def test_turn_stats_loss_share_is_zero_without_advantages():
     batch.advantages.zero_()
     stats = turn_stats(batch)
     assert stats["turn1_loss_share"] == 0.0 and stats["turn2_loss_share"] == 0.0
+
+
+def test_a_concatenated_rollout_reports_each_call_at_its_own_turn():
+    # Two two-call rollouts of one group, each concatenated into one sample: a first reply
+    # of 3 tokens, the follow-up [7] masked, a last reply of 1. Rewards 1 and 0 (GRPO with
+    # std: advantages +-0.7071). The same rollouts as separate samples (per_call) must
+    # report the same per-turn figures.
+    def rollout(session, reward, mode):
+        calls = [call("a", [1, 2], [5, 6, 9]), call("b", [1, 2, 5, 6, 9, 7], [8])]
+        samples, _, _ = build_trajectories(calls, reward, mode, group_id="g", session_id=session)
+        return samples
+
+    for mode in ("concat", "per_call"):
+        samples = rollout("A", 1.0, mode) + rollout("B", 0.0, mode)
+        batch, stats = build_batch(samples, "grpo", 0, credit="episode")
+        assert len(samples) == (2 if mode == "concat" else 4)
+        assert batch.token_turns.max() == 2
+        assert stats["turn1_samples"] == 2 and stats["turn2_samples"] == 2
+        assert stats["turn1_tokens"] == 3 and stats["turn2_tokens"] == 1
+        # |A| x tokens: each first reply 3 x 0.7071, each last 1 x 0.7071: shares 3/4, 1/4
+        assert stats["turn1_loss_share"] == pytest.approx(0.75)
+        assert stats["turn2_loss_share"] == pytest.approx(0.25)
+        assert stats["turn2_advantage_abs_mean"] == pytest.approx(0.7071, abs=1e-4)
+        assert stats["turn2_return_mean"] == pytest.approx(0.5)
+        # Under turn_token_mean each call position weighs by its calls: half each.
+        _, stats = build_batch(samples, "grpo", 0, credit="episode", loss_agg="turn_token_mean")
+        assert stats["turn1_loss_share"] == pytest.approx(0.5)
+        assert stats["turn2_loss_share"] == pytest.approx(0.5)
+    # In the concatenated sample the follow-up token [7] is at no call (0).
+    assert build_batch(rollout("A", 1.0, "concat"), "grpo", 0)[0].token_turns.tolist() == [
+        [0, 0, 1, 1, 1, 0, 2]
+    ]

@@ -29,7 +29,7 @@ BEHAVIOR = PROXIMAL - WEIGHTS.log()
 
 
 def _loss(agg, rows=slice(None), normalizer=None, **kw):
-    normalizer = normalizer or loss_normalizer(MASK, agg)
+    normalizer = loss_normalizer(MASK, agg) if normalizer is None else normalizer
     behavior = kw.pop("behavior", None)
     return policy_loss(
         LOGPROBS[rows],
@@ -191,6 +191,87 @@ def test_micro_batch_losses_sum_to_the_batch_loss(agg):
         for rows in (slice(0, 1), slice(1, 2))
     ]
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), abs=1e-6)
+
+
+# ---- turn_token_mean on a hand-built two-turn batch ----------------------------------------
+# Three two-turn rollouts concatenated (first reply, masked follow-up, last reply) and one
+# one-call rollout, one row each; each token's call position from the loss mask's runs:
+#   row 0: first reply 4 tokens, last reply 1     advantage +1
+#   row 1: first reply 4 tokens, last reply 1     advantage -1
+#   row 2: first reply 2 tokens, last reply 2     advantage +1
+#   row 3: one call of 3 tokens                   advantage -1
+# Calls at position 1: n1 = 4 holding T1 = 13 tokens; at 2: n2 = 3 holding T2 = 4; N = 7.
+# A token's weight is n_k / (N x T_k): position 1 4/91, position 2 3/28, summing to 1.
+TWO_TURN_MASK = torch.tensor(
+    [
+        [0, 1, 1, 1, 1, 0, 0, 1],
+        [0, 1, 1, 1, 1, 0, 0, 1],
+        [0, 1, 1, 0, 0, 1, 1, 0],
+        [0, 1, 1, 1, 0, 0, 0, 0],
+    ],
+    dtype=torch.bool,
+)
+TWO_TURN_ADV = torch.tensor([1.0, -1.0, 1.0, -1.0])
+
+
+def _two_turn_positions():
+    from looprl.training.batch import call_positions
+
+    return call_positions(TWO_TURN_MASK, torch.ones(4, dtype=torch.int64))
+
+
+def test_turn_token_mean_weighs_each_turn_by_its_calls_not_its_tokens():
+    positions = _two_turn_positions()
+    assert positions[2].tolist() == [0, 1, 1, 0, 0, 2, 2, 0]
+    norm = loss_normalizer(TWO_TURN_MASK, "turn_token_mean", positions)
+    assert norm.tolist() == pytest.approx([1.0, 7 * 13 / 4, 7 * 4 / 3])
+    # At ratio 1 (logprobs = proximal = 0) the PPO token loss is -A: the loss is
+    # -sum A x weight = -(4 x 4/91 - 4 x 4/91 + 2 x 4/91 - 3 x 4/91) - (3/28 - 3/28 + 2 x 3/28)
+    zeros = torch.zeros(4, 8, requires_grad=True)
+    loss, _ = policy_loss(
+        zeros,
+        torch.zeros(4, 8),
+        TWO_TURN_ADV,
+        TWO_TURN_MASK,
+        eps_clip=0.2,
+        eps_clip_high=0.2,
+        agg="turn_token_mean",
+        normalizer=norm,
+        positions=positions,
+    )
+    assert loss.item() == pytest.approx(4 / 91 - 6 / 28)
+    loss.backward()
+    # d loss / d logprob = -A x weight: a last-reply token of row 0 weighs 3/28, its first
+    # reply's tokens 4/91 each; under token_mean every one of the 20 tokens weighs 1/20.
+    assert zeros.grad[0].tolist() == pytest.approx([0] + [-4 / 91] * 4 + [0, 0, -3 / 28])
+    assert zeros.grad[3].tolist() == pytest.approx([0] + [4 / 91] * 3 + [0] * 4)
+    # The last replies' 4 tokens hold 4 x 3/28 = 3/7 of the weight, the share of the calls
+    # they are (3 of 7), where token_mean gives them 4/17, their share of the tokens.
+    weight = torch.where(TWO_TURN_MASK, 1 / norm[positions], 0.0)
+    assert float(weight.sum()) == pytest.approx(1.0)
+    assert float(weight[positions == 2].sum()) == pytest.approx(3 / 7)
+
+
+def test_turn_token_mean_is_token_mean_with_one_call_per_rollout():
+    positions = torch.where(MASK, 1, 0)
+    norm = loss_normalizer(MASK, "turn_token_mean", positions)
+    assert norm.tolist() == [1.0, 5.0]
+    loss, _ = _loss("turn_token_mean", normalizer=norm, positions=positions)
+    assert loss.item() == pytest.approx(_loss("token_mean")[0].item(), abs=1e-7)
+
+
+def test_turn_token_mean_micro_batches_add_up_and_it_needs_positions():
+    positions = _two_turn_positions()
+    norm = loss_normalizer(TWO_TURN_MASK, "turn_token_mean", positions)
+    values = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    whole = losses.aggregate(values, TWO_TURN_MASK, "turn_token_mean", norm, positions)
+    parts = sum(
+        losses.aggregate(values[r], TWO_TURN_MASK[r], "turn_token_mean", norm, positions[r])
+        for r in (slice(0, 1), slice(1, 3), slice(3, 4))
+    )
+    assert parts.item() == pytest.approx(whole.item())
+    with pytest.raises(ValueError, match="turn_token_mean needs each token's call position"):
+        loss_normalizer(TWO_TURN_MASK, "turn_token_mean")
 
 
 def test_loss_gradient_is_zero_on_clipped_and_masked_tokens():
