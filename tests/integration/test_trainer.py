@@ -44,9 +44,13 @@ def test_compute_logprobs_matches_a_manual_log_softmax_gather(model):
         torch.testing.assert_close(got[i, 1:n], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize(
+    "agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_token_mean"]
+)
 def test_gradients_do_not_depend_on_the_micro_batch_split(model, agg):
     batch = toy_batch(SHAPES, model=model)
+    if agg == "turn_token_mean":  # rows alternate between rollouts' first and second calls
+        batch = replace(batch, turn=torch.tensor([1, 2] * (batch.num_sequences // 2)))
     # float64 weights: in float32 the summation order alone moves gradients by ~6e-7
     # (~6e-6 of their largest entry); in float64 by ~1e-16, so any gap left is the split's.
     model = copy.deepcopy(model).double()
