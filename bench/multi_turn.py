@@ -42,9 +42,10 @@ def _rg(dataset: str, **kwargs: int) -> list[str]:
 
 
 # case -> (the task's overrides, the multi-turn agent). Greedy held-out success at step 0
-# on SmolLM2-135M-Instruct, 50 rows, multi-turn / one-turn twin: chain2_work 24% / 12-16%,
-# basic_plan 4-8% / 16-20%, chain3_work 12-16% / 14%, seq_check 8% / 22% (two evaluations of the same policy can
-# differ by a row or two: batch composition changes float rounding).
+# on SmolLM2-135M-Instruct, 50 rows, multi-turn / one-turn twin: chain2_work 24% /
+# 12-16%, basic_plan 4-8% / 16-20%, chain3_work 12-16% / 14%, seq_check 8% / 20-22% (two
+# evaluations of one policy can differ by a row or two: the batch's composition changes
+# float rounding).
 CASES = {
     # "15 - 4 + 7 =" answered freely, then "Reply with only the final number."
     "chain2_work": (

@@ -25,6 +25,7 @@ from looprl.gateway.sessions import Session, SessionStore
 from looprl.models import load_model, load_tokenizer
 from looprl.rollout.outcome import RolloutResult
 from looprl.scheduling.single_process import start_single_process
+from looprl.training.batch import call_positions
 from looprl.types import Interaction, Trajectory
 from tests.support.rollouts import (
     QUESTION,
@@ -244,6 +245,9 @@ async def test_two_turns_concat_into_one_sample_masking_the_follow_up(tiny_model
         )
         assert t.num_sampled_tokens == len(script) + 3
         assert t.text == tokenizer.decode(t.input_ids.tolist())
+        # The per-turn figures find each call from the loss mask's runs alone.
+        positions = call_positions(t.loss_mask[None], torch.tensor([1]))[0]
+        assert positions[t.loss_mask].tolist() == [1] * len(script) + [2] * 3
 
 
 async def test_per_call_mode_gives_one_sample_per_call(tiny_model_dir, scripted):
