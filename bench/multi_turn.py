@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -148,7 +149,7 @@ def table(root: Path, names: list[str]) -> None:
         if s is None:
             print(f"| {name} | (no finished run) |")
             continue
-        twin = rows.get(name.split("-")[0].rsplit("_", 1)[0] + "_one" + _suffix(name))
+        twin = rows.get(twin_name(name))
         ratio = ""
         if twin is not None and twin is not s:
             ratio = f"{s['gain']:+.0f} vs {twin['gain']:+.0f}"
@@ -163,17 +164,20 @@ def table(root: Path, names: list[str]) -> None:
             f"{s['reward_first3']:.2f} -> {s['reward_last3']:.2f}",
             cut,
             f"{s['equal_groups']:.0%}",
-            "" if share != share else f"{share:.2f}",
+            "" if math.isnan(share) else f"{share:.2f}",
             ""
-            if s["first_tokens"][0] != s["first_tokens"][0]
+            if math.isnan(s["first_tokens"][0])
             else "{:.0f} -> {:.0f}".format(*s["first_tokens"]),
             ratio,
         ]
         print("| " + " | ".join(cells) + " |")
 
 
-def _suffix(name: str) -> str:
-    return name[len(name.split("-")[0]) :]
+def twin_name(name: str) -> str:
+    """The run name of `name`'s one-turn twin: chain2_work-lr4 -> chain2_one-lr4 (a twin's
+    own name maps to itself)."""
+    case, dash, label = name.partition("-")
+    return f"{case.rsplit('_', 1)[0]}_one{dash}{label}"
 
 
 def main() -> None:
@@ -215,7 +219,7 @@ def main() -> None:
             task, agent = CASES[case]
             jobs.append((f"{case}{suffix}", task, agent, overrides + args.overrides))
             if not args.no_twins:
-                twin = f"{case.rsplit('_', 1)[0]}_one{suffix}"
+                twin = twin_name(f"{case}{suffix}")
                 jobs.append((twin, task, "OneTurn", overrides + args.overrides))
     threads = max(1, (os.cpu_count() or 2) // args.parallel)
     print(f"{len(jobs)} runs, {args.parallel} at a time, in {root}", flush=True)

@@ -12,31 +12,26 @@ later, short reply, each with its one-turn twin: the benchmark of multi-turn lea
 - `OneTurn`: the question and "Reply with only the final number." in one message: the
   twin every agent above is compared with, on the same rows.
 
-Every agent scores with `final_number_reward` on its last reply.
+Every agent scores its last reply with `score` (examples/two_turn.py's
+`final_number_reward`).
 """
-
-import re
 
 from openai import AsyncOpenAI
 
-FINAL = "Reply with only the final number."
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+from examples.two_turn import FOLLOW_UP as FINAL
+from examples.two_turn import final_number_reward
 
 
-def final_number_reward(reply: str, answer) -> float:
-    """1.0 when the last number in the reply equals `answer` (a number or its text), else 0.
+def score(reply: str, answer) -> float:
+    """`final_number_reward` for an answer given as a number or its text (reasoning-gym's
+    rows), thousands separators in the reply ignored.
 
-    >>> final_number_reward("The answer is 1,200.", "1200"), final_number_reward("-7", -7)
-    (1.0, 1.0)
-    >>> final_number_reward("12 or 13", 12), final_number_reward("no number", 12)
-    (0.0, 0.0)
+    >>> score("The answer is 1,200.", "1200"), score("-7", -7), score("12 or 13", "12")
+    (1.0, 1.0, 0.0)
     """
-    numbers = _NUMBER.findall(reply)
-    if not numbers:
-        return 0.0
     try:
-        return 1.0 if float(numbers[-1].replace(",", "")) == float(answer) else 0.0
-    except ValueError:
+        return final_number_reward(reply.replace(",", ""), float(answer))
+    except ValueError:  # an answer that is not a number: no reply can match it
         return 0.0
 
 
@@ -60,7 +55,7 @@ class _Agent:
     async def run(self, data, *, base_url, api_key, model, **kw):
         async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
             reply = await _chat(client, model, self.turns(data["question"]))
-        return final_number_reward(reply, data["answer"])
+        return score(reply, data["answer"])
 
 
 class WorkThenNumber(_Agent):

@@ -348,7 +348,10 @@ class Trainer:
         a zero gradient, as the whole batch would give it, for the optimizer's step.)
         """
         cfg = self.cfg
-        normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg, batch.token_turns)
+        by_turn = cfg.loss_agg == "turn_token_mean"  # its normalizer reads the call positions
+        normalizer = loss_normalizer(
+            batch.loss_mask, cfg.loss_agg, batch.token_turns if by_turn else None
+        )
         kept = torch.arange(batch.num_sequences)  # rows of `batch` run, by their index
         if cfg.kl_coef == 0 and batch.teacher_logprobs is None and self._entropy_coef == 0:
             kept = _rows_with_gradient(batch)
@@ -359,7 +362,8 @@ class Trainer:
         total_loss, num_micro_batches, fresh_tokens = 0.0, 0, 0
         for rows, counts in self._micro_batch_plan(batch):
             mb = self._to_device(batch.select(rows))
-            positions = mb.token_turns if cfg.loss_agg == "turn_token_mean" else None
+            turns = mb.token_turns if by_turn or self._turn_entropy is not None else None
+            positions = turns if by_turn else None
             logits = self._sampled_logits(self.model, mb)  # (K, V), K = sampled tokens
             picked = mb.input_ids[mb.loss_mask]  # (K,)
             sampled = sampled_logprobs(logits, picked, top_k=self.top_k, top_p=self.top_p)
@@ -402,7 +406,7 @@ class Trainer:
                 loss = loss - self._entropy_coef * bonus
             token_entropy = token_entropy.detach()
             if self._turn_entropy is not None and counts:
-                token_turn = mb.token_turns[mb.loss_mask].cpu()  # (K,)
+                token_turn = turns[mb.loss_mask].cpu()  # (K,)
                 self._turn_entropy[:, 0].index_add_(0, token_turn, token_entropy.double().cpu())
                 self._turn_entropy[:, 1].index_add_(
                     0, token_turn, torch.ones_like(token_turn).double()
