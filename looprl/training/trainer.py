@@ -349,9 +349,8 @@ class Trainer:
         """
         cfg = self.cfg
         by_turn = cfg.loss_agg == "turn_token_mean"  # its normalizer reads the call positions
-        normalizer = loss_normalizer(
-            batch.loss_mask, cfg.loss_agg, batch.token_turns if by_turn else None
-        )
+        positions = batch.token_turns if by_turn else None
+        normalizer = loss_normalizer(batch.loss_mask, cfg.loss_agg, positions)
         kept = torch.arange(batch.num_sequences)  # rows of `batch` run, by their index
         if cfg.kl_coef == 0 and batch.teacher_logprobs is None and self._entropy_coef == 0:
             kept = _rows_with_gradient(batch)
@@ -405,12 +404,9 @@ class Trainer:
                 bonus = aggregate(per_token, mb.loss_mask, cfg.loss_agg, normalizer, positions)
                 loss = loss - self._entropy_coef * bonus
             token_entropy = token_entropy.detach()
-            if self._turn_entropy is not None and counts:
-                token_turn = turns[mb.loss_mask].cpu()  # (K,)
-                self._turn_entropy[:, 0].index_add_(0, token_turn, token_entropy.double().cpu())
-                self._turn_entropy[:, 1].index_add_(
-                    0, token_turn, torch.ones_like(token_turn).double()
-                )
+            if self._turn_entropy is not None and counts:  # per turn: entropy sum, tokens
+                pairs = torch.stack([token_entropy, torch.ones_like(token_entropy)], dim=1)
+                self._turn_entropy.index_add_(0, turns[mb.loss_mask].cpu(), pairs.double().cpu())
             with torch.no_grad():
                 # A micro-batch of rows left out of the loss has no sampled token.
                 stats["entropy"] = float(token_entropy.sum()) / max(len(picked), 1)
